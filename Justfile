@@ -1,0 +1,35 @@
+# torch-repro-lab recipes. `just --list` shows them.
+
+venv := ".venv/bin"
+
+# Install and start what the host needs, then the lab into .venv
+setup:
+    bash bin/setup
+
+# The main job: reproduce the AArch64 double-libgomp bug
+demo:
+    {{venv}}/lab run libgomp-aarch64
+
+# Every test, the real Docker end-to-end runs included
+test *ARGS:
+    {{venv}}/pytest {{ARGS}}
+
+# Only the fast tests (no Docker)
+test-fast *ARGS:
+    {{venv}}/pytest -m "not docker" {{ARGS}}
+
+lint:
+    {{venv}}/ruff check lab tests bench
+
+# Benchmarks: scripts that print ratios measured side by side
+bench:
+    for b in bench/*.py; do {{venv}}/python "$b"; done
+
+# Run the lab itself in a container against the host engine
+compose-doctor:
+    {{venv}}/lab build-base debian:bookworm --arch amd64
+    docker-compose -f compose.yaml run --rm lab doctor
+
+# Remove every container and image the lab created
+clean:
+    {{venv}}/lab clean

@@ -1,0 +1,24 @@
+# The lab itself in a container, driving the host's Docker engine through its socket.
+# Built from the same Debian base as the cases (bootstrapped when no registry answers):
+#   lab build-base debian:bookworm --arch amd64   # prints the tag used as BASE below
+#   docker-compose -f compose.yaml run --rm lab doctor
+ARG BASE=debian:bookworm
+FROM ${BASE}
+
+ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+
+COPY dockerfiles/lab-ca/ /etc/lab/
+RUN python3 -m venv /opt/lab
+ENV PATH=/opt/lab/bin:$PATH
+COPY pyproject.toml README.md /src/
+COPY lab/ /src/lab/
+RUN if [ -s /etc/lab/ca.crt ]; then export PIP_CERT=/etc/lab/ca.crt; fi \
+ && pip install --no-cache-dir /src
+COPY dockerfiles/ /src/dockerfiles/
+COPY scenarios/ /src/scenarios/
+ENV LAB_TEMPLATES_DIR=/src/dockerfiles LAB_SCENARIOS_DIR=/src/scenarios
+ENTRYPOINT ["/bin/sh", "-c", "if [ -s /etc/lab/ca.crt ]; then export PIP_CERT=/etc/lab/ca.crt; fi; exec lab \"$@\"", "lab"]
+CMD ["--help"]

@@ -1,0 +1,103 @@
+"""RawRun -> Evidence: what the loader log, the output streams and the exit status show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .loader import DuplicateRuntime, describe, find_duplicate_runtimes, parse_dir
+from .records import RawRun
+from .tracebacks import ExceptionInfo, extract_exceptions
+
+EMULATOR_CRASH = "qemu: uncaught target signal"
+_TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Evidence:
+    exit_code: int | None
+    timed_out: bool
+    oom_killed: bool
+    duration_s: float
+    emulated: bool
+    processes: int                       # processes that wrote a loader log
+    duplicate_runtimes: tuple[DuplicateRuntime, ...]
+    exceptions: tuple[ExceptionInfo, ...]  # every traceback in stderr, in order
+    emulator_crash: str | None           # the QEMU line, when the emulator itself crashed
+
+    @property
+    def exception(self) -> ExceptionInfo | None:
+        """The final exception: the one the process exited with."""
+        return self.exceptions[-1] if self.exceptions else None
+
+    def plain_words(self) -> list[str]:
+        """Evidence sentences for report.md."""
+        lines = [describe(d) for d in self.duplicate_runtimes]
+        if self.exception:
+            lines.append(f"the script raised `{self.exception.headline}`")
+            if self.exception.graph_break and self.exception.graph_break.explanation:
+                lines.append(f"Dynamo's explanation: {self.exception.graph_break.explanation}")
+        if self.emulator_crash:
+            lines.append(f"the emulator crashed: `{self.emulator_crash}`")
+        if self.oom_killed:
+            lines.append("the container was killed: out of memory")
+        if self.timed_out:
+            lines.append(f"the run was killed after {self.duration_s:.0f} s (timeout)")
+        elif self.exit_code is not None:
+            lines.append(f"exit code {self.exit_code}")
+        return lines
+
+    def to_json(self) -> dict:
+        exc = self.exception
+        return {
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "oom_killed": self.oom_killed,
+            "duration_s": round(self.duration_s, 2),
+            "emulated": self.emulated,
+            "processes": self.processes,
+            "duplicate_runtimes": [
+                {"family": d.family, "label": d.label, "pid": d.pid, "paths": list(d.paths),
+                 "needed_by": [o.needed_by for o in d.objects]}
+                for d in self.duplicate_runtimes],
+            "exception": None if exc is None else _exception_json(exc),
+            "exceptions": [_exception_json(e) for e in self.exceptions],
+            "emulator_crash": self.emulator_crash,
+        }
+
+
+def _exception_json(exc: ExceptionInfo) -> dict:
+    out: dict = {"type": exc.type, "message": exc.message}
+    gb = exc.graph_break
+    if gb is not None:
+        out["graph_break"] = {"reason": gb.reason, "explanation": gb.explanation,
+                              "hints": list(gb.hints), "user_code": list(gb.user_code)}
+    return out
+
+
+def read_text(path: Path, limit: int | None = None) -> str:
+    """Read a captured stream as text; with `limit`, only its last `limit` bytes."""
+    if not path.exists():
+        return ""
+    with path.open("rb") as fh:
+        if limit is not None:
+            size = path.stat().st_size
+            fh.seek(max(0, size - limit))
+        return fh.read().decode("utf-8", "replace")
+
+
+def analyze(raw: RawRun) -> Evidence:
+    stderr = read_text(raw.stderr_path)
+    procs = parse_dir(raw.loader_dir) if raw.loader_dir.is_dir() else {}
+    crash = next((ln.strip() for ln in stderr.splitlines() if EMULATOR_CRASH in ln), None)
+    return Evidence(
+        exit_code=raw.exit_code,
+        timed_out=raw.timed_out,
+        oom_killed=raw.oom_killed,
+        duration_s=raw.duration_s,
+        emulated=raw.emulated,
+        processes=len(procs),
+        duplicate_runtimes=tuple(find_duplicate_runtimes(procs)),
+        exceptions=tuple(extract_exceptions(stderr)),
+        emulator_crash=crash,
+    )

@@ -1,0 +1,261 @@
+"""The `lab` command: parse arguments, show progress, print results. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import EngineError, LabError, ScenarioError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="A containerized reproduction lab for PyTorch bugs.")
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+ScenarioArg = Annotated[str, typer.Argument(help="A name from scenarios/, or a path to a YAML file.",
+                                            show_default=False)]
+TorchOpt = Annotated[str | None, typer.Option("--torch", help="torch version (default: the scenario's).")]
+ArchOpt = Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (default: the scenario's).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
+
+
+def _fail(error: LabError, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(str(error))}")
+    raise typer.Exit(code)
+
+
+def _guard(fn: Callable[[], None]) -> None:
+    """Turn the lab's own errors into one paragraph and an exit code; Ctrl-C into 130."""
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        fn()
+    except ScenarioError as e:
+        _fail(e, 2)
+    except LabError as e:
+        _fail(e, 3)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]: containers removed; the run folder is marked `interrupted`.")
+        raise typer.Exit(130) from None
+
+
+def _scenarios_dir() -> Path:
+    from .scenario import SCENARIOS_DIR
+    return Path(os.environ.get("LAB_SCENARIOS_DIR", SCENARIOS_DIR))
+
+
+def _load(ref: str):
+    from .scenario import load_scenario
+    return load_scenario(ref, _scenarios_dir())
+
+
+def _case(ref: str, torch: str | None, arch: str | None, backend: str | None = None,
+          sets: list[str] | None = None):
+    from .resolve import resolve
+    return resolve(_load(ref), torch=torch, arch=arch, backend=backend, sets=_parse_sets(sets or []))
+
+
+def _parse_sets(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ScenarioError(f"--set expects NAME=VALUE, got {item!r}.", field="--set")
+        pairs[key] = value
+    return pairs
+
+
+class Progress:
+    """Progress of long work on stderr: build steps stay on screen, the rest updates one status line."""
+
+    def __init__(self) -> None:
+        self._status = err.status("starting", spinner="dots")
+
+    def __enter__(self) -> Progress:
+        self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._status.__exit__(*exc)
+
+    def __call__(self, stage: str, message: str) -> None:
+        message = message.strip()
+        if not message:
+            return
+        if stage == "build" and message.startswith("Step "):
+            err.print(f"[dim]build[/] {escape(message[:160])}")
+        elif stage in ("base", "run") and not message[0].isdigit():
+            err.print(f"[dim]{stage}[/] {escape(message[:160])}")
+        self._status.update(f"[bold]{stage}[/] {escape(message[:120])}")
+
+
+@app.command("list")
+def list_cmd(as_json: JsonOpt = False) -> None:
+    """List the scenarios."""
+    def body() -> None:
+        from .scenario import list_scenarios
+        items = list_scenarios(_scenarios_dir())
+        rows = []
+        for item in items:
+            if isinstance(item, ScenarioError):
+                rows.append({"name": Path(item.file or "?").stem, "error": str(item)})
+            else:
+                rows.append({"name": item.name, "title": item.title, "torch": list(item.torch),
+                             "arch": [a.value for a in item.arch], "gpu": item.gpu, "base": item.base,
+                             "file": str(item.source)})
+        if as_json:
+            out.print(json.dumps({"scenarios": rows}), markup=False)
+            return
+        table = Table("name", "torch", "arch", "gpu", "title")
+        for r in rows:
+            if "error" in r:
+                table.add_row(r["name"], "", "", "", f"[red]{escape(r['error'])}[/]")
+            else:
+                table.add_row(r["name"], ", ".join(r["torch"]), ", ".join(r["arch"]),
+                              "yes" if r["gpu"] else "", escape(r["title"] or ""))
+        out.print(table)
+    _guard(body)
+
+
+@app.command()
+def show(scenario: ScenarioArg) -> None:
+    """Show a scenario as the lab understands it."""
+    def body() -> None:
+        s = _load(scenario)
+        data = s.model_dump(mode="json")
+        data["source"] = str(s.source)
+        out.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip(), markup=False)
+    _guard(body)
+
+
+@app.command()
+def render(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
+    """Print the Dockerfile for a scenario (the build's dry run; the same bytes every time)."""
+    def body() -> None:
+        from .render import render_dockerfile
+        sys.stdout.write(render_dockerfile(_case(scenario, torch, arch)))
+    _guard(body)
+
+
+@app.command()
+def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
+    """Build the image for a scenario (bootstrapping its base if no registry answers)."""
+    def body() -> None:
+        from .build import build_image
+        from .engine import Engine
+        from .hostpip import discover
+        from .render import plan_build
+        case = _case(scenario, torch, arch)
+        engine = Engine.connect()
+        host = discover()
+        with Progress() as progress:
+            image = build_image(plan_build(case, host), engine, host, progress)
+        err.print(f"{'cached' if image.cached else 'built'} {image.tag} "
+                  f"({image.base.origin} base {image.base.ref})")
+        out.print(image.tag, markup=False)
+    _guard(body)
+
+
+@app.command()
+def run(
+    scenario: ScenarioArg,
+    torch: TorchOpt = None,
+    arch: ArchOpt = None,
+    backend: Annotated[str | None, typer.Option(help="eager, aot_eager or inductor (sets LAB_BACKEND).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Scenario variable NAME=VALUE.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build and run a scenario, analyse what happened and write a report."""
+    def body() -> None:
+        from .engine import Engine
+        from .hostpip import discover
+        from .pipeline import run_case
+        case = _case(scenario, torch, arch, backend, sets)
+        engine = Engine.connect()
+        runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
+        err.print(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
+        with Progress() as progress:
+            outcome = run_case(case, engine, discover(), runs_root, progress)
+        _print_outcome(outcome)
+        if as_json:
+            out.print(json.dumps(outcome.result), markup=False)
+    _guard(body)
+
+
+_COLOURS = {"reproduced": "bold red", "not_reproduced": "bold green", "error": "bold yellow",
+            "timeout": "bold yellow"}
+
+
+def _print_outcome(outcome) -> None:
+    r = outcome.result
+    colour = _COLOURS.get(r["verdict"], "bold")
+    err.print(f"verdict: [{colour}]{r['verdict']}[/] ({escape(r['reason'])})")
+    report = Path(r["run_dir"]) / "report.md"
+    err.print(f"report:  {report}")
+
+
+@app.command("build-base")
+def build_base(
+    image: Annotated[str, typer.Argument(help="Base image, e.g. debian:bookworm.")] = "debian:bookworm",
+    arch: Annotated[str, typer.Option("--arch", help="amd64 or arm64.")] = "amd64",
+) -> None:
+    """Make sure a base image is on the engine (present, pulled, or bootstrapped); print its tag."""
+    def body() -> None:
+        from .base import ensure_base
+        from .engine import Engine
+        from .resolve import parse_arch
+        from .scenario import Arch
+        chosen = Arch(parse_arch(arch))
+        with Progress() as progress:
+            base = ensure_base(Engine.connect(), image, chosen, progress)
+        err.print(f"{base.origin}: {base.ref} ({base.image_id[:19]})")
+        out.print(base.ref, markup=False)
+    _guard(body)
+
+
+@app.command()
+def doctor(as_json: JsonOpt = False) -> None:
+    """Check the engine, arm64 emulation, the GPU runtime, disk space and the CA bundle."""
+    def body() -> None:
+        from .doctor import run_checks
+        checks = run_checks(Path(os.environ.get("LAB_RUNS_DIR", "runs")))
+        if as_json:
+            out.print(json.dumps({"checks": [asdict(c) for c in checks]}), markup=False)
+        else:
+            marks = {"ok": "[green]ok[/]  ", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+            for c in checks:
+                out.print(f"{marks[c.status]} {c.name}: {escape(c.detail)}")
+                if c.fix and c.status != "ok":
+                    out.print(f"      fix: {escape(c.fix)}")
+        if any(c.status == "fail" for c in checks):
+            raise typer.Exit(1)
+    _guard(body)
+
+
+@app.command()
+def clean() -> None:
+    """Remove every container and image the lab created (and only those)."""
+    def body() -> None:
+        from .engine import Engine
+        containers, images = Engine.connect().remove_managed()
+        err.print(f"removed {containers} containers and {images} images labelled by the lab")
+    _guard(body)
+
+
+def main() -> None:  # pragma: no cover
+    try:
+        app()
+    except EngineError as e:
+        _fail(e, 3)

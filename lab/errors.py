@@ -1,0 +1,52 @@
+"""Every error a user can cause has its own type; the CLI prints `str(err)` as one paragraph."""
+
+from __future__ import annotations
+
+
+class LabError(Exception):
+    """Base class: a failure the user can act on. `hint` says how to fix it."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}" if self.hint else self.message
+
+
+class ScenarioError(LabError):
+    """A scenario file is missing, malformed or invalid. Names file, line and field."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 field: str | None = None, hint: str | None = None) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        where = []
+        if file:
+            where.append(f"{file}" + (f", line {line}" if line else ""))
+        if field:
+            where.append(f"field `{field}`")
+        prefix = ": ".join([", ".join(where)]) + ": " if where else ""
+        super().__init__(prefix + message, hint)
+
+
+class EngineError(LabError):
+    """The Docker engine is unreachable or refused an operation."""
+
+
+class BuildError(LabError):
+    """An image build failed; `log` holds the build output."""
+
+    def __init__(self, message: str, log: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.log = log
+
+
+class BaseImageError(LabError):
+    """The base image is neither present, pullable, nor bootstrappable."""
+
+
+class NoGpuRuntimeError(LabError):
+    """A GPU scenario was asked to run on an engine without the NVIDIA runtime."""

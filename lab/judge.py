@@ -1,0 +1,103 @@
+"""Evidence + scenario.expect -> Verdict.
+
+Infrastructure failures (a build that failed, an emulator that crashed, a
+container killed for memory, torch that does not import) are `error`, never
+`not_reproduced`: they say nothing about the bug. Otherwise the case is
+`reproduced` when every expectation holds, like `check_str` in Dynamo's minifier:
+a different crash is not a reproduction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .analyze import Evidence
+from .scenario import Expect
+
+
+class Verdict(str, Enum):
+    REPRODUCED = "reproduced"
+    NOT_REPRODUCED = "not_reproduced"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    key: str
+    expected: str
+    observed: str
+    held: bool
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reason: str
+    checks: tuple[Check, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict.value, "reason": self.reason,
+                "checks": [{"key": c.key, "expected": c.expected, "observed": c.observed,
+                            "held": c.held} for c in self.checks]}
+
+
+_BROKEN_ENV = ("No module named 'torch'", "libtorch", "GLIBC_")
+
+
+def build_failed(message: str) -> Judgement:
+    return Judgement(Verdict.ERROR, f"the image build failed: {message}")
+
+
+def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str) -> Judgement:
+    checks = tuple(_checks(ev, expect, stdout, stderr))
+    if ev.timed_out:
+        return Judgement(Verdict.TIMEOUT, f"killed after {ev.duration_s:.0f} s: the run timed out", checks)
+    if ev.emulator_crash and not all(c.held for c in checks):
+        return Judgement(Verdict.ERROR, "crashed under emulation; confirm on native arm64", checks)
+    if ev.oom_killed and not all(c.held for c in checks):
+        return Judgement(Verdict.ERROR, "killed: out of memory", checks)
+    broken = _broken_environment(ev)
+    if broken and not all(c.held for c in checks):
+        return Judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
+    failed = [c for c in checks if not c.held]
+    if not failed:
+        return Judgement(Verdict.REPRODUCED, "every expectation held: " +
+                         "; ".join(f"{c.key} ({c.observed})" for c in checks), checks)
+    return Judgement(Verdict.NOT_REPRODUCED, "; ".join(
+        f"{c.key}: expected {c.expected}, observed {c.observed}" for c in failed), checks)
+
+
+def _broken_environment(ev: Evidence) -> str | None:
+    exc = ev.exception
+    if exc and exc.type in ("ModuleNotFoundError", "ImportError") and \
+            any(marker in exc.message for marker in _BROKEN_ENV):
+        return exc.headline
+    return None
+
+
+def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str):
+    if expect.duplicate_runtime is not None:
+        dups = [d for d in ev.duplicate_runtimes if d.family == expect.duplicate_runtime]
+        observed = (f"{len(dups[0].paths)} files in pid {dups[0].pid}" if dups
+                    else f"one or no {expect.duplicate_runtime} per process "
+                         f"({ev.processes} processes logged)")
+        yield Check("duplicate_runtime", f"two or more {expect.duplicate_runtime}", observed, bool(dups))
+    if expect.traceback_contains is not None:
+        texts = [f"{e.type}: {e.message}" for e in ev.exceptions]
+        held = any(expect.traceback_contains in t for t in texts)
+        last = ev.exception
+        observed = "no exception" if last is None else last.headline[:200]
+        yield Check("traceback_contains", repr(expect.traceback_contains), observed, held)
+    if expect.stdout_contains is not None:
+        held = expect.stdout_contains in stdout
+        yield Check("stdout_contains", repr(expect.stdout_contains),
+                    "found" if held else "not found", held)
+    if expect.stderr_contains is not None:
+        held = expect.stderr_contains in stderr
+        yield Check("stderr_contains", repr(expect.stderr_contains),
+                    "found" if held else "not found", held)
+    if expect.exit_code is not None:
+        observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
+        yield Check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)

@@ -1,0 +1,98 @@
+"""One run, stage after stage: Case -> BuildPlan -> image -> RawRun -> Evidence -> Verdict -> run folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import report
+from .analyze import analyze, read_text
+from .build import build_image
+from .engine import Engine
+from .errors import BuildError, NoGpuRuntimeError
+from .hostpip import HostPip
+from .judge import Judgement, build_failed, judge
+from .records import Events, no_events
+from .render import plan_build
+from .resolve import Case
+
+LD_DEBUG = "libs,files"
+COLLECT_ENV_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_dir: Path
+    result: dict
+    judgement: Judgement
+
+
+def check_gpu(case: Case, engine: Engine) -> None:
+    if case.scenario.gpu and not engine.has_gpu_runtime():
+        variant = case.scenario.cpu_variant
+        hint = (f"Run its CPU variant instead: `lab run {variant}`." if variant else
+                "Run it on an engine with the NVIDIA container runtime (see `lab doctor`).")
+        raise NoGpuRuntimeError(
+            f"{case.scenario.name} needs a GPU, and this Docker engine has no NVIDIA runtime "
+            f"(runtimes: {', '.join(sorted(engine.info().get('Runtimes') or {})) or 'none'}).", hint=hint)
+
+
+def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path,
+             events: Events = no_events) -> RunOutcome:
+    check_gpu(case, engine)
+    plan = plan_build(case, host)
+    started = datetime.now(timezone.utc)
+    run_dir = report.new_run_dir(runs_root, case, started)
+    report.write_inputs(run_dir, case, plan.dockerfile)
+    emulated = case.arch != engine.arch
+    record = dict(case=case, run_dir=run_dir, engine_version=engine.version,
+                  host_arch=engine.arch.uname, emulated=emulated, started=started)
+    try:
+        try:
+            image = build_image(plan, engine, host, events, run_dir / "build.log")
+        except BuildError as err:
+            judgement = build_failed(err.message)
+            rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None, **record)
+            return RunOutcome(run_dir, report.write_results(rec), judgement)
+        report.write_scenario(run_dir, case, image.base)
+        _save_freeze(engine, image.tag, run_dir)
+        raw = _run_script(case, engine, image.tag, run_dir, events)
+        events("collect_env", "python -m torch.utils.collect_env")
+        collect_env = _collect_env(engine, image.tag, case)
+        evidence = analyze(raw)
+        judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
+                          read_text(raw.stderr_path))
+        rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.base,
+                               collect_env=collect_env, **record)
+        return RunOutcome(run_dir, report.write_results(rec), judgement)
+    except BaseException:
+        if not (run_dir / "report.md").exists():
+            report.mark_interrupted(run_dir, case)
+        raise
+
+
+def _run_script(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events):
+    env = case.run_env()
+    env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": "/out/ld/ld"})
+    (run_dir / "out" / "ld").mkdir(parents=True, exist_ok=True)
+    command = ["python", case.scenario.script.name, *case.scenario.args]
+    events("run", f"running {' '.join(command)} (timeout {case.scenario.timeout} s"
+                  f"{', emulated' if case.arch != engine.arch else ''})")
+    return engine.run(tag, command, env, mount_dir=run_dir / "out", logs_dir=run_dir, arch=case.arch,
+                      timeout=case.scenario.timeout,
+                      labels={"org.torch-repro-lab.case": case.name}, events=events)
+
+
+def _collect_env(engine: Engine, tag: str, case: Case) -> str:
+    code, output = engine.output_of(tag, ["python", "-m", "torch.utils.collect_env"], case.arch,
+                                    COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name})
+    if code != 0:
+        return f"Could not collect (exit {code}):\n{output}"
+    return output
+
+
+def _save_freeze(engine: Engine, tag: str, run_dir: Path) -> None:
+    data = engine.read_file(tag, "/lab/pip-freeze.txt")
+    if data is not None:
+        (run_dir / "pip-freeze.txt").write_bytes(data)

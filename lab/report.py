@@ -1,0 +1,250 @@
+"""The run folder's written records: the resolved scenario, evidence.json, result.json and report.md.
+
+report.md is meant to be pasted into a PyTorch issue: summary first, evidence in
+plain words, versions, the script, then the long logs collapsed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from . import __version__
+from .analyze import Evidence, read_text
+from .judge import Judgement
+from .records import BaseImage, BuiltImage
+from .resolve import Case
+
+_LOG_TAIL_LINES = 200
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything report.md and result.json are written from."""
+
+    case: Case
+    run_dir: Path
+    judgement: Judgement
+    evidence: Evidence | None          # None when no run happened (build failed)
+    image: BuiltImage | None
+    base: BaseImage | None
+    engine_version: str
+    host_arch: str
+    emulated: bool
+    started: datetime
+    collect_env: str | None = None
+
+
+def new_run_dir(root: Path, case: Case, now: datetime | None = None) -> Path:
+    """runs/<scenario>/<timestamp>-torch<ver>-<arch>[-backend]/, unique even for parallel runs."""
+    now = now or datetime.now(timezone.utc)
+    stem = f"{now:%Y%m%dT%H%M%SZ}-torch{case.torch}-{case.arch.value}"
+    if case.backend:
+        stem += f"-{case.backend}"
+    parent = root / case.scenario.name
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = parent / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run folder name under {parent}")
+
+
+def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
+    data = case.scenario.model_dump(mode="json")
+    data["script"] = case.scenario.script.name
+    data.pop("source", None)
+    data["resolved"] = {
+        "case": case.name, "torch": case.torch, "arch": case.arch.value,
+        "platform": case.arch.platform, "backend": case.backend, "vars": dict(case.vars),
+        "source_file": str(case.scenario.source),
+        "base": None if base is None else {"requested": base.requested, "ref": base.ref,
+                                           "image_id": base.image_id, "origin": base.origin,
+                                           "recipe": base.recipe},
+    }
+    return data
+
+
+def write_inputs(run_dir: Path, case: Case, dockerfile: str) -> None:
+    """What the run starts from: written before anything can fail."""
+    (run_dir / "Dockerfile").write_text(dockerfile)
+    repro = run_dir / "repro"
+    repro.mkdir(exist_ok=True)
+    (repro / case.scenario.script.name).write_bytes(case.scenario.script.read_bytes())
+    write_scenario(run_dir, case, None)
+
+
+def write_scenario(run_dir: Path, case: Case, base: BaseImage | None) -> None:
+    (run_dir / "scenario.yaml").write_text(
+        yaml.safe_dump(resolved_scenario(case, base), sort_keys=False, allow_unicode=True))
+
+
+def result_json(rec: RunRecord) -> dict:
+    ev = rec.evidence
+    exc = ev.exception if ev else None
+    return {
+        "scenario": rec.case.scenario.name,
+        "case": rec.case.name,
+        "torch": rec.case.torch,
+        "arch": rec.case.arch.value,
+        "backend": rec.case.backend,
+        "emulated": rec.emulated,
+        "verdict": rec.judgement.verdict.value,
+        "reason": rec.judgement.reason,
+        "run_dir": str(rec.run_dir),
+        "evidence": {
+            "duplicate_runtimes": [{"family": d.family, "pid": d.pid, "paths": list(d.paths)}
+                                   for d in (ev.duplicate_runtimes if ev else ())],
+            "exception": None if exc is None else {"type": exc.type, "message": exc.message},
+        },
+        "exit_code": ev.exit_code if ev else None,
+        "duration_s": round(ev.duration_s, 2) if ev else None,
+        "checks": rec.judgement.to_json()["checks"],
+        "image": None if rec.image is None else {"tag": rec.image.tag, "id": rec.image.image_id,
+                                                 "cached": rec.image.cached},
+        "base": None if rec.base is None else {"requested": rec.base.requested, "ref": rec.base.ref,
+                                               "origin": rec.base.origin, "image_id": rec.base.image_id},
+        "engine": {"version": rec.engine_version, "host_arch": rec.host_arch},
+        "lab_version": __version__,
+        "started": rec.started.isoformat(timespec="seconds"),
+    }
+
+
+def write_results(rec: RunRecord) -> dict:
+    result = result_json(rec)
+    _dump_json(rec.run_dir / "result.json", result)
+    if rec.evidence is not None:
+        _dump_json(rec.run_dir / "evidence.json", {**rec.evidence.to_json(),
+                                                   "judgement": rec.judgement.to_json()})
+    if rec.collect_env is not None:
+        (rec.run_dir / "collect_env.txt").write_text(rec.collect_env)
+    (rec.run_dir / "report.md").write_text(render_report(rec))
+    return result
+
+
+def mark_interrupted(run_dir: Path, case: Case) -> None:
+    """Best effort, on Ctrl-C: leave a result.json that says what happened."""
+    _dump_json(run_dir / "result.json", {"scenario": case.scenario.name, "case": case.name,
+                                         "torch": case.torch, "arch": case.arch.value,
+                                         "verdict": "interrupted", "run_dir": str(run_dir)})
+
+
+def _dump_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+# --- report.md ---------------------------------------------------------------
+def render_report(rec: RunRecord) -> str:
+    case, j = rec.case, rec.judgement
+    s = case.scenario
+    parts = [f"# {s.title or s.name}: {j.verdict.value.replace('_', ' ')}", ""]
+    parts += _summary(rec)
+    parts += ["", "## Evidence", ""]
+    words = rec.evidence.plain_words() if rec.evidence else ["no run: the image build failed"]
+    parts += [f"- {w}" for w in words]
+    if j.checks:
+        parts += ["", "| expectation | expected | observed | held |", "|---|---|---|---|"]
+        parts += [f"| `{c.key}` | {_cell(c.expected)} | {_cell(c.observed)} | {'yes' if c.held else 'no'} |"
+                  for c in j.checks]
+    parts += ["", "## Versions", ""] + _versions(rec)
+    parts += ["", "## Run it again", ""] + _rerun(rec)
+    parts += ["", "## Script", "", f"`{s.script.name}`" + _args(case), "",
+              "```python", s.script.read_text(errors="replace").rstrip(), "```", ""]
+    parts += _collapsed(rec)
+    return "\n".join(parts) + "\n"
+
+
+def _summary(rec: RunRecord) -> list[str]:
+    case, s = rec.case, rec.case.scenario
+    where = f"{case.arch.platform}" + (f", emulated with QEMU on a {rec.host_arch} host"
+                                       if rec.emulated else ", native")
+    lines = [f"**Verdict:** `{rec.judgement.verdict.value}`: {rec.judgement.reason}", "",
+             f"- Case: `{case.name}`",
+             f"- torch {case.torch} on {where}",
+             f"- Emulated: {'yes' if rec.emulated else 'no'}"]
+    if s.upstream:
+        lines.append(f"- Upstream: {s.upstream}")
+    if rec.evidence is not None:
+        lines.append(f"- Run time: {rec.evidence.duration_s:.1f} s")
+    if s.description:
+        lines += ["", s.description.strip()]
+    return lines
+
+
+def _versions(rec: RunRecord) -> list[str]:
+    lines = [f"- torch: {rec.case.torch} (pip: `{rec.case.requirements[0]}`)"]
+    freeze = rec.run_dir / "pip-freeze.txt"
+    if freeze.exists():
+        pkgs = [ln for ln in freeze.read_text().splitlines() if ln.split("==")[0].lower() in
+                ("torch", "numpy", "sympy", "triton", "filelock")]
+        lines += [f"- {p}" for p in pkgs if not p.startswith("torch==")]
+    if rec.base:
+        origin = {"bootstrapped": "bootstrapped from Debian's archive", "pulled": "pulled",
+                  "local": "present on the engine"}[rec.base.origin]
+        lines.append(f"- Base image: `{rec.base.requested}` ({origin}; `{rec.base.image_id[:19]}`)")
+        if rec.base.recipe:
+            lines.append(f"- Bootstrap recipe: `{rec.base.recipe}`")
+    if rec.image:
+        lines.append(f"- Image: `{rec.image.tag}`")
+    lines.append(f"- Docker engine: {rec.engine_version} on {rec.host_arch}")
+    lines.append(f"- torch-repro-lab: {__version__}")
+    return lines
+
+
+def _args(case: Case) -> str:
+    return (" " + shlex.join(case.scenario.args)) if case.scenario.args else ""
+
+
+def _rerun(rec: RunRecord) -> list[str]:
+    case = rec.case
+    cmd = ["lab", "run", str(case.scenario.source), "--torch", case.torch, "--arch", case.arch.value]
+    if case.backend:
+        cmd += ["--backend", case.backend]
+    for k, v in case.vars:
+        cmd += ["--set", f"{k}={v}"]
+    env = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items()))
+    return ["With the lab:", "", "```sh", shlex.join(cmd), "```", "",
+            "Without it, from this run folder:", "", "```sh",
+            f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} "
+            "-t repro -f Dockerfile .   # context: Dockerfile, repro/, lab/, wheels/",
+            f"docker run --rm --platform {case.arch.platform} -e LD_DEBUG=libs,files {env} repro".rstrip(),
+            "```"]
+
+
+def _collapsed(rec: RunRecord) -> list[str]:
+    out: list[str] = []
+    d = rec.run_dir
+    if rec.collect_env:
+        out += _details("Environment (python -m torch.utils.collect_env)", rec.collect_env)
+    for name, title in (("stderr.txt", "stderr"), ("stdout.txt", "stdout"), ("build.log", "build log")):
+        if (d / name).exists():
+            text = read_text(d / name, limit=256 * 1024)
+            lines = text.splitlines()
+            note = f" (last {_LOG_TAIL_LINES} of {len(lines)} lines)" if len(lines) > _LOG_TAIL_LINES else ""
+            out += _details(title + note, "\n".join(lines[-_LOG_TAIL_LINES:]))
+    if rec.evidence and rec.evidence.duplicate_runtimes:
+        out += _details("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
+            f"pid {o_pid}: {o.path}  <- {o.needed_by or '?'}"
+            for dup in rec.evidence.duplicate_runtimes for o_pid, o in ((dup.pid, x) for x in dup.objects)))
+    out += _details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else "")
+    return out
+
+
+def _details(summary: str, body: str) -> list[str]:
+    fence = "````" if "```" in body else "```"
+    return ["<details>", f"<summary>{summary}</summary>", "", fence + "text", body.rstrip(), fence,
+            "", "</details>", ""]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

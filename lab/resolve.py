@@ -1,0 +1,118 @@
+"""Scenario -> Case: pick one torch version, one architecture and one backend."""
+
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+
+from .errors import ScenarioError
+from .scenario import Arch, Scenario
+
+BACKENDS = ("eager", "aot_eager", "inductor")
+
+# The python3 that each base distribution ships (what `apt-get install python3` gives).
+_BASE_PYTHON = (
+    (re.compile(r"debian:(bookworm|12)"), "3.11"),
+    (re.compile(r"debian:(trixie|13)"), "3.13"),
+    (re.compile(r"debian:(bullseye|11)"), "3.9"),
+    (re.compile(r"ubuntu:?(22\.04|jammy)"), "3.10"),
+    (re.compile(r"ubuntu:?(24\.04|noble)"), "3.12"),
+    (re.compile(r"ubuntu:?(20\.04|focal)"), "3.8"),
+)
+
+
+def base_python(base: str) -> str | None:
+    """The Python version of a base image's `python3` package, when the base is a known distribution."""
+    for pattern, version in _BASE_PYTHON:
+        if pattern.search(base):
+            return version
+    return None
+
+
+def parse_arch(value: str | None, option: str = "--arch") -> str | None:
+    """An architecture given on the command line, as `amd64`/`arm64`; a clear error otherwise."""
+    if value is None:
+        return None
+    try:
+        return Arch.parse(value).value
+    except ValueError as exc:
+        raise ScenarioError(f"{exc}.", field=option) from None
+
+
+def host_arch() -> Arch:
+    return Arch.parse(platform.machine())
+
+
+@dataclass(frozen=True)
+class Case:
+    """One concrete thing to build and run: a scenario at one torch version, arch and backend."""
+
+    scenario: Scenario
+    torch: str
+    arch: Arch
+    backend: str | None = None
+    vars: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        parts = [f"torch={self.torch}", f"arch={self.arch.value}"]
+        if self.backend:
+            parts.append(f"backend={self.backend}")
+        return f"{self.scenario.name}[{','.join(parts)}]"
+
+    @property
+    def python(self) -> str | None:
+        return base_python(self.scenario.base)
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return (f"torch=={self.torch}", *self.scenario.pip)
+
+    @cached_property
+    def wheel_tags(self) -> frozenset[Tag]:
+        """Wheel tags the image's Python accepts (used to pick host-local wheels)."""
+        if self.python is None:
+            return frozenset()
+        major, minor = (int(x) for x in self.python.split(".")[:2])
+        machine = self.arch.uname
+        platforms = [f"manylinux_2_{n}_{machine}" for n in range(40, 16, -1)]
+        platforms += [f"manylinux2014_{machine}", f"linux_{machine}"]
+        tags = list(cpython_tags((major, minor), platforms=platforms))
+        tags += list(compatible_tags((major, minor), platforms=platforms))
+        return frozenset(tags)
+
+    def run_env(self) -> dict[str, str]:
+        """Environment for the repro script: scenario env, then variables, then the backend."""
+        env = dict(self.scenario.env)
+        env.update(dict(self.vars))
+        if self.backend:
+            env["LAB_BACKEND"] = self.backend
+        return env
+
+
+def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = None,
+            backend: str | None = None, sets: dict[str, str] | None = None) -> Case:
+    """Choose the case to run. A scenario that pins several versions or arches needs a choice."""
+    version = _pick(scenario, "torch", scenario.torch, torch)
+    chosen_arch = _pick(scenario, "arch", tuple(a.value for a in scenario.arch), parse_arch(arch))
+    if backend is not None and backend not in BACKENDS:
+        raise ScenarioError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.",
+                            field="--backend")
+    if sets:
+        scenario = scenario.with_vars(sets)
+    return Case(scenario=scenario, torch=version, arch=Arch(chosen_arch), backend=backend,
+                vars=tuple(sorted(scenario.vars.items())))
+
+
+def _pick(scenario: Scenario, key: str, pinned: tuple[str, ...], wanted: str | None) -> str:
+    if wanted is not None:
+        return wanted
+    if len(pinned) == 1:
+        return pinned[0]
+    raise ScenarioError(
+        f"the scenario pins several values ({', '.join(pinned)}); choose one with --{key}.",
+        file=str(scenario.source), field=key)

@@ -1,0 +1,94 @@
+"""Real end-to-end runs: the `lab` CLI, the real Docker engine, real torch wheels. No mocks.
+
+Cold, these build the arm64 and amd64 bases (bootstrapped from Debian's archive when no
+registry answers) and install torch inside the images; warm, they reuse the cached images.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import docker
+import pytest
+
+from .conftest import DATA, last_json, run_lab
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
+
+
+def lab_run(*args: str, out: Path) -> tuple[dict, object]:
+    proc = run_lab("run", *args, "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json(proc.stdout), proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.mark.arm64
+def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(runs):
+    result, _ = lab_run("libgomp-aarch64", out=runs)
+    assert result["verdict"] == "reproduced", result
+    assert result["arch"] == "arm64" and result["emulated"] is True and result["torch"] == "2.5.1"
+    dups = [d for d in result["evidence"]["duplicate_runtimes"] if d["family"] == "libgomp"]
+    assert dups, result["evidence"]
+    paths = dups[0]["paths"]
+    assert any(re.search(r"/torch\.libs/libgomp-[0-9a-f]+\.so[.0-9]*$", p) for p in paths), paths
+    assert any(p.endswith("/libgomp.so.1") and "torch" not in p for p in paths), paths
+
+    run_dir = Path(result["run_dir"])
+    for name in ("scenario.yaml", "Dockerfile", "repro/libgomp_aarch64.py", "stdout.txt", "stderr.txt",
+                 "evidence.json", "collect_env.txt", "result.json", "report.md", "build.log"):
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "out" / "ld").glob("ld.*")), "no loader logs"
+    assert "PyTorch version: 2.5.1" in (run_dir / "collect_env.txt").read_text()
+    report = (run_dir / "report.md").read_text()
+    assert "two GNU OpenMP runtimes in pid" in report
+    assert "the Inductor kernel" in report and "libtorch_cpu.so" in report
+    assert "Emulated: yes" in report and "<details>" in report
+    assert json.loads((run_dir / "result.json").read_text()) == result
+
+
+@pytest.mark.arm64
+def test_dlpack_cpu_reproduces_with_the_dynamo_message(runs):
+    result, _ = lab_run("dlpack-cpu", out=runs)
+    assert result["verdict"] == "reproduced", result
+    exc = result["evidence"]["exception"]
+    assert exc["type"].endswith("Unsupported")
+    assert "does not know how to trace the builtin `torch._C._to_dlpack" in exc["message"]
+
+
+def test_amd64_control_with_the_local_cpu_wheel_is_not_reproduced(runs):
+    """torch 2.13.0+cpu comes from the host's find-links folder; x86-64 loads one libgomp."""
+    result, _ = lab_run("libgomp-amd64", out=runs)
+    assert result["verdict"] == "not_reproduced", result
+    assert result["emulated"] is False and result["torch"] == "2.13.0+cpu"
+    assert result["evidence"]["duplicate_runtimes"] == []
+    run_dir = Path(result["run_dir"])
+    assert "torch==2.13.0+cpu" in (run_dir / "pip-freeze.txt").read_text()
+    evidence = json.loads((run_dir / "evidence.json").read_text())
+    assert evidence["processes"] >= 1 and evidence["exit_code"] == 0
+
+
+def test_a_hanging_script_times_out_and_leaves_no_container(runs):
+    result, _ = lab_run(str(DATA / "e2e" / "sleeper.yaml"), out=runs)
+    assert result["verdict"] == "timeout", result
+    run_dir = Path(result["run_dir"])
+    assert "started" in (run_dir / "stdout.txt").read_text()  # what it printed before the kill is kept
+    client = docker.from_env()
+    left = client.containers.list(all=True, filters={"label": "org.torch-repro-lab.case"})
+    assert not [c for c in left if "sleeper" in c.labels.get("org.torch-repro-lab.case", "")]
+
+
+def test_gpu_scenario_without_gpu_runtime_names_the_cpu_variant(runs):
+    client = docker.from_env()
+    if "nvidia" in (client.info().get("Runtimes") or {}):
+        pytest.skip("this engine has the NVIDIA runtime: the GPU scenario would really run")
+    proc = run_lab("run", "dlpack-cuda", "--out", str(runs))
+    assert proc.returncode != 0
+    assert "lab run dlpack-cpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
