@@ -58,12 +58,30 @@ def _binfmt(engine) -> Check:
                          f"qemu-aarch64 is registered without the F flag ({interp}): containers may not "
                          "find the interpreter", "apt-get install qemu-user-static (registers it with F)")
         return Check("arm64 emulation", "ok", f"QEMU binfmt handler {interp} (flags {flags})")
+    if not (BINFMT / "status").exists() and Path("/.dockerenv").exists():
+        return _binfmt_through_engine(engine)
     if not (BINFMT / "status").exists():
         return Check("arm64 emulation", "fail", f"{BINFMT} is not mounted",
                      f"mount -t binfmt_misc binfmt_misc {BINFMT} && update-binfmts --enable qemu-aarch64 "
                      "(or run `bin/setup-host`)")
     return Check("arm64 emulation", "fail", "no qemu-aarch64 binfmt handler: arm64 cases cannot run",
                  "apt-get install qemu-user-static binfmt-support (or run `bin/setup-host`)")
+
+
+def _binfmt_through_engine(engine) -> Check:
+    """Inside a container binfmt_misc is not visible: ask the engine to run an arm64 image."""
+    from .base import bootstrap_tag
+    from .scenario import Arch
+    tag = bootstrap_tag("bookworm", Arch.ARM64)
+    if engine is None or not engine.image_id(tag, Arch.ARM64):
+        return Check("arm64 emulation", "warn",
+                     "cannot see binfmt_misc from inside this container, and no arm64 image to probe with",
+                     "run `lab doctor` on the host, or `lab build-base debian:bookworm --arch arm64` first")
+    code, output = engine.output_of(tag, ["uname", "-m"], Arch.ARM64, 120, {})
+    if code == 0 and output.strip() == "aarch64":
+        return Check("arm64 emulation", "ok", f"the engine runs arm64 containers ({tag}: uname -m = aarch64)")
+    return Check("arm64 emulation", "fail", f"the engine cannot run arm64 containers: {output.strip()[:200]}",
+                 "on the host: apt-get install qemu-user-static binfmt-support (or `bin/setup-host`)")
 
 
 def _gpu(engine) -> Check:

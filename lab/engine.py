@@ -7,6 +7,7 @@ run ends: on success, on error, on timeout and on Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 import tempfile
@@ -249,10 +250,8 @@ def _save_logs(container, path: Path, stdout: bool) -> None:
 
 
 def _kill(container) -> None:
-    try:
+    with contextlib.suppress(docker.errors.APIError):
         container.kill()
-    except docker.errors.APIError:
-        pass
 
 
 def _remove(container) -> None:
@@ -262,10 +261,8 @@ def _remove(container) -> None:
         pass
     except docker.errors.APIError:
         time.sleep(1)
-        try:
+        with contextlib.suppress(docker.errors.APIError):
             container.remove(force=True)
-        except docker.errors.APIError:
-            pass
 
 
 def _short(exc: BaseException) -> str:

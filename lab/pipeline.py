@@ -10,7 +10,7 @@ from . import report
 from .analyze import analyze, read_text
 from .build import build_image
 from .engine import Engine
-from .errors import BuildError, NoGpuRuntimeError
+from .errors import BuildError, LabError, NoGpuRuntimeError
 from .hostpip import HostPip
 from .judge import Judgement, build_failed, judge
 from .records import Events, no_events
@@ -44,7 +44,7 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path,
     plan = plan_build(case, host)
     started = datetime.now(timezone.utc)
     run_dir = report.new_run_dir(runs_root, case, started)
-    report.write_inputs(run_dir, case, plan.dockerfile)
+    report.write_inputs(run_dir, plan)
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version,
                   host_arch=engine.arch.uname, emulated=emulated, started=started)
@@ -66,9 +66,11 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path,
         rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.base,
                                collect_env=collect_env, **record)
         return RunOutcome(run_dir, report.write_results(rec), judgement)
-    except BaseException:
-        if not (run_dir / "report.md").exists():
-            report.mark_interrupted(run_dir, case)
+    except KeyboardInterrupt:
+        report.mark_unfinished(run_dir, case, "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)")
+        raise
+    except LabError as exc:
+        report.mark_unfinished(run_dir, case, "failed", str(exc))
         raise
 
 

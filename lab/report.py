@@ -18,6 +18,7 @@ from . import __version__
 from .analyze import Evidence, read_text
 from .judge import Judgement
 from .records import BaseImage, BuiltImage
+from .render import BuildPlan
 from .resolve import Case
 
 _LOG_TAIL_LINES = 200
@@ -73,13 +74,28 @@ def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
     return data
 
 
-def write_inputs(run_dir: Path, case: Case, dockerfile: str) -> None:
-    """What the run starts from: written before anything can fail."""
-    (run_dir / "Dockerfile").write_text(dockerfile)
-    repro = run_dir / "repro"
-    repro.mkdir(exist_ok=True)
-    (repro / case.scenario.script.name).write_bytes(case.scenario.script.read_bytes())
-    write_scenario(run_dir, case, None)
+# The run folder doubles as a build context for `docker build .`; this keeps its outputs out.
+_RUN_DOCKERIGNORE = "out\n*.txt\n*.json\n*.md\n*.log\nscenario.yaml\n"
+
+
+def write_inputs(run_dir: Path, plan: BuildPlan) -> None:
+    """What the run starts from, written before anything can fail: the build context
+    (large local wheels are listed, not copied) and the resolved scenario."""
+    wheels = []
+    for f in plan.files:
+        target = run_dir / f.arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if f.data is not None:
+            target.write_bytes(f.data)
+        elif f.arcname.startswith("wheels/"):
+            wheels.append(f"{f.source}\n")
+        else:
+            target.write_bytes(f.source.read_bytes())  # type: ignore[union-attr]
+    if wheels:
+        (run_dir / "wheels" / "FROM-HOST.txt").write_text(
+            "Copy these host wheels here before `docker build .`:\n" + "".join(wheels))
+    (run_dir / ".dockerignore").write_text(_RUN_DOCKERIGNORE)
+    write_scenario(run_dir, plan.case, None)
 
 
 def write_scenario(run_dir: Path, case: Case, base: BaseImage | None) -> None:
@@ -130,11 +146,13 @@ def write_results(rec: RunRecord) -> dict:
     return result
 
 
-def mark_interrupted(run_dir: Path, case: Case) -> None:
-    """Best effort, on Ctrl-C: leave a result.json that says what happened."""
+def mark_unfinished(run_dir: Path, case: Case, status: str, reason: str) -> None:
+    """Best effort, when a run stops without a verdict (Ctrl-C, or the infrastructure failed):
+    leave a result.json that says what happened. `status` is "interrupted" or "failed"."""
     _dump_json(run_dir / "result.json", {"scenario": case.scenario.name, "case": case.name,
                                          "torch": case.torch, "arch": case.arch.value,
-                                         "verdict": "interrupted", "run_dir": str(run_dir)})
+                                         "verdict": None, "status": status, "reason": reason,
+                                         "run_dir": str(run_dir)})
 
 
 def _dump_json(path: Path, data: dict) -> None:
@@ -214,9 +232,8 @@ def _rerun(rec: RunRecord) -> list[str]:
         cmd += ["--set", f"{k}={v}"]
     env = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items()))
     return ["With the lab:", "", "```sh", shlex.join(cmd), "```", "",
-            "Without it, from this run folder:", "", "```sh",
-            f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} "
-            "-t repro -f Dockerfile .   # context: Dockerfile, repro/, lab/, wheels/",
+            "Without it, from this run folder (it is the build context):", "", "```sh",
+            f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} -t repro .",
             f"docker run --rm --platform {case.arch.platform} -e LD_DEBUG=libs,files {env} repro".rstrip(),
             "```"]
 

@@ -1,0 +1,3 @@
+"""Tiny stand-in reproduction script used by the scenario tests."""
+
+raise SystemExit(1)

@@ -1,0 +1,1 @@
+"""Tiny stand-in reproduction script used by the scenario tests."""
