@@ -51,8 +51,8 @@ def _guard(fn: Callable[[], None]) -> None:
 
 
 def _scenarios_dir() -> Path:
-    from .scenario import SCENARIOS_DIR
-    return Path(os.environ.get("LAB_SCENARIOS_DIR", SCENARIOS_DIR))
+    from .scenario import default_scenarios_dir
+    return default_scenarios_dir()
 
 
 def _load(ref: str):

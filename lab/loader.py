@@ -301,12 +301,12 @@ RUNTIME_FAMILIES: Mapping[str, RuntimeFamily] = MappingProxyType({
         _family("libgomp", "GNU OpenMP", "libgomp"),
         _family("libiomp5", "Intel OpenMP", "libiomp5"),
         _family("libomp", "LLVM OpenMP", "libomp"),
-        _family("cudart", "CUDA runtime", "libcudart"),
+        _family("cudart", "CUDA", "libcudart"),
         _family("cublas", "cuBLAS", "libcublas"),
         _family("cublasLt", "cuBLASLt", "libcublasLt"),
         _family("cudnn", "cuDNN", "libcudnn"),
         _family("nccl", "NCCL", "libnccl"),
-        _family("libstdcxx", "GNU C++ runtime", r"libstdc\+\+"),
+        _family("libstdcxx", "GNU C++", r"libstdc\+\+"),
     )
 })
 
@@ -328,7 +328,8 @@ class DuplicateRuntime:
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return tuple(obj.path for obj in self.objects)
+        """The files, normalised (`torch/lib/../../torch.libs/x` -> `torch.libs/x`)."""
+        return tuple(os.path.normpath(obj.path) for obj in self.objects)
 
 
 _USR_MERGED = ("/usr/lib/", "/usr/lib32/", "/usr/lib64/", "/usr/libx32/", "/usr/bin/", "/usr/sbin/")
@@ -391,6 +392,6 @@ def _join(parts: list[str]) -> str:
 def describe(dup: DuplicateRuntime) -> str:
     """Plain words for a report: how many copies, in which pid, and who pulled each one in."""
     count = _COUNTS[len(dup.objects)] if len(dup.objects) < len(_COUNTS) else str(len(dup.objects))
-    parts = [f"{os.path.normpath(obj.path)} ({_requester(obj)})" for obj in dup.objects]
+    parts = [f"{path} ({_requester(obj)})" for path, obj in zip(dup.paths, dup.objects, strict=True)]
     return f"{count} {dup.label} runtimes in pid {dup.pid}: {_join(parts)}"
 

@@ -184,7 +184,7 @@ def render_report(rec: RunRecord) -> str:
 
 def _summary(rec: RunRecord) -> list[str]:
     case, s = rec.case, rec.case.scenario
-    where = f"{case.arch.platform}" + (f", emulated with QEMU on a {rec.host_arch} host"
+    where = f"{case.arch.platform}" + (f", emulated with QEMU on an {rec.host_arch} host"
                                        if rec.emulated else ", native")
     lines = [f"**Verdict:** `{rec.judgement.verdict.value}`: {rec.judgement.reason}", "",
              f"- Case: `{case.name}`",
@@ -214,9 +214,35 @@ def _versions(rec: RunRecord) -> list[str]:
             lines.append(f"- Bootstrap recipe: `{rec.base.recipe}`")
     if rec.image:
         lines.append(f"- Image: `{rec.image.tag}`")
+    lines += [f"- {key}: {value}" for key, value in collect_env_facts(rec.collect_env or "")]
     lines.append(f"- Docker engine: {rec.engine_version} on {rec.host_arch}")
     lines.append(f"- torch-repro-lab: {__version__}")
     return lines
+
+
+_ENV_FACTS = ("Python version", "OS", "GCC version", "Libc version", "CUDA runtime version",
+              "cuDNN version", "Nvidia driver version")
+
+
+def collect_env_facts(text: str) -> list[tuple[str, str]]:
+    """The lines of collect_env's record that matter in an issue, where it could collect them."""
+    facts = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in _ENV_FACTS and key not in facts:
+            value = value.strip()
+            if value and value not in ("Could not collect", "No CUDA", "N/A"):
+                facts[key] = value
+    return [(k, facts[k]) for k in _ENV_FACTS if k in facts]
+
+
+def scenario_ref(case: Case) -> str:
+    """How to name the scenario on a command line: its name when it is a shipped one."""
+    from .scenario import default_scenarios_dir
+    source = case.scenario.source
+    if source is not None and source.parent.resolve() == default_scenarios_dir().resolve():
+        return case.scenario.name
+    return str(source)
 
 
 def _args(case: Case) -> str:
@@ -225,7 +251,7 @@ def _args(case: Case) -> str:
 
 def _rerun(rec: RunRecord) -> list[str]:
     case = rec.case
-    cmd = ["lab", "run", str(case.scenario.source), "--torch", case.torch, "--arch", case.arch.value]
+    cmd = ["lab", "run", scenario_ref(case), "--torch", case.torch, "--arch", case.arch.value]
     if case.backend:
         cmd += ["--backend", case.backend]
     for k, v in case.vars:

@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from lab.errors import ScenarioError
+from lab.loader import RUNTIME_FAMILIES
 
 __all__ = [
     "KNOWN_RUNTIME_FAMILIES",
@@ -48,9 +49,8 @@ __all__ = [
     "load_scenario",
 ]
 
-KNOWN_RUNTIME_FAMILIES: frozenset[str] = frozenset(
-    {"libgomp", "libiomp5", "libomp", "cudart", "cublas", "cublasLt", "cudnn", "nccl", "libstdcxx"}
-)
+# The runtime families the loader-log analysis can tell apart (one table, in lab.loader).
+KNOWN_RUNTIME_FAMILIES: frozenset[str] = frozenset(RUNTIME_FAMILIES)
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 20
 RESERVED_ENV_KEYS: frozenset[str] = frozenset({"LD_DEBUG", "LD_DEBUG_OUTPUT"})
