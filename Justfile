@@ -25,10 +25,9 @@ lint:
 bench:
     for b in bench/*.py; do {{venv}}/python "$b"; done
 
-# Run the lab itself in a container against the host engine
+# Run the lab itself in a container against the host engine (base: pulled or bootstrapped)
 compose-doctor:
-    {{venv}}/lab build-base debian:bookworm --arch amd64
-    docker-compose -f compose.yaml run --rm lab doctor
+    bash bin/compose-lab doctor
 
 # Remove every container and image the lab created
 clean:

@@ -1,7 +1,6 @@
 # The lab itself in a container, driving the host's Docker engine through its socket.
 # Built from the same Debian base as the cases (bootstrapped when no registry answers):
-#   lab build-base debian:bookworm --arch amd64   # prints the tag used as BASE below
-#   docker-compose -f compose.yaml run --rm lab doctor
+#   bin/compose-lab doctor   (= LAB_BASE=$(lab build-base debian:bookworm) docker-compose ... run --rm lab doctor)
 ARG BASE=debian:bookworm
 FROM ${BASE}
 

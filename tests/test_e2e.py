@@ -7,13 +7,19 @@ registry answers) and install torch inside the images; warm, they reuse the cach
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import docker
 import pytest
 
-from .conftest import DATA, last_json, run_lab
+from .conftest import DATA, ROOT, last_json, run_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
@@ -92,3 +98,37 @@ def test_gpu_scenario_without_gpu_runtime_names_the_cpu_variant(runs):
     assert proc.returncode != 0
     assert "lab run dlpack-cpu" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_during_a_run_removes_the_container_and_marks_the_folder(tmp_path):
+    client = docker.from_env()
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "run", str(DATA / "e2e" / "sleeper.yaml"),
+                             "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 1800  # cold, the image may still have to be built
+    while time.monotonic() < deadline and proc.poll() is None:
+        running = client.containers.list(filters={"label": "org.torch-repro-lab.case"})
+        if any("sleeper" in c.labels["org.torch-repro-lab.case"] for c in running):
+            break
+        time.sleep(1)
+    time.sleep(2)
+    os.kill(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    left = client.containers.list(all=True, filters={"label": "org.torch-repro-lab.managed=true"})
+    assert not [c for c in left if "sleeper" in c.labels.get("org.torch-repro-lab.case", "")]
+    (result_file,) = tmp_path.glob("sleeper/*/result.json")
+    result = json.loads(result_file.read_text())
+    assert result["status"] == "interrupted" and result["verdict"] is None
+
+
+def test_compose_runs_the_lab_in_a_container_against_the_host_engine():
+    if shutil.which("docker-compose") is None:
+        pytest.fail("docker-compose is missing: bin/setup-host installs it")
+    proc = subprocess.run(["bash", "bin/compose-lab", "doctor", "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800)
+    checks = {c["name"]: c for c in last_json(proc.stdout)["checks"]}
+    assert checks["Docker engine"]["status"] == "ok", proc.stderr[-2000:]
+    assert checks["arm64 emulation"]["status"] in ("ok", "warn")
+    assert checks["CA bundle"]["status"] == "ok"
