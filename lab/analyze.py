@@ -35,8 +35,11 @@ class Evidence:
         lines = [describe(d) for d in self.duplicate_runtimes]
         if self.exception:
             lines.append(f"the script raised `{self.exception.headline}`")
-            if self.exception.graph_break and self.exception.graph_break.explanation:
-                lines.append(f"Dynamo's explanation: {self.exception.graph_break.explanation}")
+            gb = self.exception.graph_break
+            if gb and gb.explanation:
+                lines.append(f"Dynamo's explanation: {gb.explanation}")
+            if gb and gb.user_code:
+                lines.append("in user code: " + _user_frame(gb.user_code[-1]))
         if self.emulator_crash:
             lines.append(f"the emulator crashed: `{self.emulator_crash}`")
         if self.oom_killed:
@@ -64,6 +67,13 @@ class Evidence:
             "exceptions": [_exception_json(e) for e in self.exceptions],
             "emulator_crash": self.emulator_crash,
         }
+
+
+def _user_frame(frame: str) -> str:
+    """'File "x.py", line 23, in forward\n    code' -> 'x.py, line 23, in forward: `code`'."""
+    head, _, source = frame.partition("\n")
+    head = head.strip().removeprefix("File ").replace('"', "", 2)
+    return f"{head}: `{source.strip()}`" if source.strip() else head
 
 
 def _exception_json(exc: ExceptionInfo) -> dict:

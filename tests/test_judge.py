@@ -84,3 +84,13 @@ def test_an_exception_without_message_is_reported():
     assert j.verdict is Verdict.NOT_REPRODUCED and "KeyboardInterrupt" in j.reason
     assert "the script raised `KeyboardInterrupt`" in evidence(exceptions=(ExceptionInfo("KeyboardInterrupt", ""),)
                                                                ).plain_words()
+
+
+def test_evidence_names_the_user_code_of_a_graph_break():
+    from pathlib import Path
+
+    from lab.tracebacks import final_exception
+    stderr = (Path(__file__).parent / "data" / "tracebacks" / "dlpack-torch2.9.0-arm64.stderr").read_text()
+    words = evidence(exit_code=1, exceptions=(final_exception(stderr),)).plain_words()
+    assert "in user code: /lab/repro/dlpack_compile.py, line 23, in forward: " \
+           "`dlpack = torch.utils.dlpack.to_dlpack(x_uint8)`" in words

@@ -262,3 +262,11 @@ def test_extract_exceptions_never_raises(lines):
     text = "\n".join(lines)
     found = extract_exceptions(text)
     assert final_exception(text) == (found[-1] if found else None)
+
+
+def test_dlpack_torch_2_9_0_as_captured_by_the_lab():
+    exc = final_exception((DATA / "dlpack-torch2.9.0-arm64.stderr").read_text())
+    assert exc is not None and exc.type == "torch._dynamo.exc.Unsupported"
+    assert exc.message.startswith("Attempted to call function marked as skipped")
+    assert "does not know how to trace the builtin `torch._C._to_dlpack.`" in exc.graph_break.explanation
+    assert exc.graph_break.user_code[-1].startswith('File "/lab/repro/dlpack_compile.py", line 23, in forward')
