@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -42,6 +42,7 @@ __all__ = [
     "MAX_FILE_BYTES",
     "SCENARIOS_DIR",
     "Arch",
+    "Ablation",
     "Expect",
     "Scenario",
     "default_scenarios_dir",
@@ -373,6 +374,7 @@ class Expect(BaseModel):
     stdout_contains: NonEmptyText | None = None
     stderr_contains: NonEmptyText | None = None
     exit_code: int | None = Field(default=None, ge=0, le=255, strict=True)
+    graph_breaks: int | None = Field(default=None, ge=0, le=100000, strict=True)
 
     @model_validator(mode="after")
     def _at_least_one(self) -> Expect:
@@ -382,6 +384,22 @@ class Expect(BaseModel):
                 hint="Add at least one of: " + ", ".join(type(self).model_fields) + ".",
             )
         return self
+
+
+class Ablation(BaseModel):
+    """How the lab chooses a case's torch.compile backend and mode (`--backend`, `--ablate`).
+
+    `via: env` (default): the script reads LAB_BACKEND and LAB_MODE itself.
+    `via: hook`: the script hard-codes its torch.compile call; the lab's runner overrides the
+    backend and mode of every torch.compile call from those variables.
+    `via: none`: the script's backend is part of the bug: not ablatable, --backend is refused.
+    `max_autotune`: --ablate also tries inductor with mode="max-autotune".
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    via: Literal["env", "hook", "none"] = "env"
+    max_autotune: bool = Field(default=False, strict=True)
 
 
 class Scenario(BaseModel):
@@ -408,6 +426,7 @@ class Scenario(BaseModel):
     args: Annotated[tuple[Text, ...], BeforeValidator(_none_to_list)] = ()
     timeout: int = Field(default=1200, ge=1, le=86400, strict=True)
     expect: Expect
+    ablation: Ablation = Field(default_factory=Ablation)
     source: Path | None = None
 
     @field_validator("cpu_variant")
