@@ -61,9 +61,9 @@ def _load(ref: str):
 
 
 def _case(ref: str, torch: str | None, arch: str | None, backend: str | None = None,
-          sets: list[str] | None = None):
+          sets: list[str] | None = None, mode: str | None = None):
     from .resolve import resolve
-    return resolve(_load(ref), torch=torch, arch=arch, backend=backend, sets=_parse_sets(sets or []))
+    return resolve(_load(ref), torch=torch, arch=arch, backend=backend, sets=_parse_sets(sets or []), mode=mode)
 
 
 def _parse_sets(items: list[str]) -> dict[str, str]:
@@ -95,7 +95,7 @@ class Progress:
             return
         if stage == "build" and message.startswith("Step "):
             err.print(f"[dim]build[/] {escape(message[:160])}")
-        elif stage in ("base", "run") and not message[0].isdigit():
+        elif stage in ("base", "run", "diagnose", "ablate") and not message[0].isdigit():
             err.print(f"[dim]{stage}[/] {escape(message[:160])}")
         self._status.update(f"[bold]{stage}[/] {escape(message[:120])}")
 
@@ -175,6 +175,11 @@ def run(
     backend: Annotated[str | None, typer.Option(help="eager, aot_eager or inductor (sets LAB_BACKEND).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Scenario variable NAME=VALUE.")] = None,
+    mode: Annotated[str | None, typer.Option(help="inductor mode, e.g. max-autotune (sets LAB_MODE).")] = None,
+    ablate: Annotated[bool, typer.Option("--ablate", help="Run eager, aot_eager, inductor (and max-autotune "
+                                         "where allowed) on one image and name the failing layer.")] = False,
+    diagnose: Annotated[bool, typer.Option(help="Collect explain, recompiles, compile times and "
+                                           "TORCH_TRACE in a second run.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Build and run a scenario, analyse what happened and write a report."""
@@ -182,16 +187,38 @@ def run(
         from .engine import Engine
         from .hostpip import discover
         from .pipeline import run_case
-        case = _case(scenario, torch, arch, backend, sets)
+        if ablate and (backend or mode):
+            raise ScenarioError("--ablate runs every backend; leave out --backend and --mode.", field="--ablate")
+        case = _case(scenario, torch, arch, backend, sets, mode)
         engine = Engine.connect()
         runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
         err.print(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
+        if ablate:
+            _ablate(case, engine, discover(), runs_root, as_json)
+            return
         with Progress() as progress:
-            outcome = run_case(case, engine, discover(), runs_root, progress)
+            outcome = run_case(case, engine, discover(), runs_root, progress, diagnose=diagnose)
         _print_outcome(outcome)
         if as_json:
             out.print(json.dumps(outcome.result), markup=False)
     _guard(body)
+
+
+def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
+    from .ablate import ablation_json, run_ablation
+    with Progress() as progress:
+        folder, steps, conclusion = run_ablation(case, engine, host, runs_root, progress)
+    table = Table("backend", "mode", "verdict", "run folder")
+    for s in steps:
+        colour = _COLOURS.get(s.verdict.value, "bold")
+        table.add_row(s.rung.backend, s.rung.mode or "", f"[{colour}]{s.verdict.value}[/]",
+                      s.run_dir.name if s.run_dir else "")
+    err.print(table)
+    err.print(f"ablation: [bold]{escape(conclusion.words)}[/]")
+    err.print(f"report:   {folder / 'ablation.md'}")
+    if as_json:
+        out.print(json.dumps(ablation_json(case, case.arch != engine.arch, folder, steps, conclusion)),
+                  markup=False)
 
 
 _COLOURS = {"reproduced": "bold red", "not_reproduced": "bold green", "error": "bold yellow",

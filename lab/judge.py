@@ -50,8 +50,9 @@ def build_failed(message: str) -> Judgement:
     return Judgement(Verdict.ERROR, f"the image build failed: {message}")
 
 
-def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str) -> Judgement:
-    checks = tuple(_checks(ev, expect, stdout, stderr))
+def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=None) -> Judgement:
+    """`diagnostics` (lab.dynamo.Diagnostics) is needed only for `graph_breaks`."""
+    checks = tuple(_checks(ev, expect, stdout, stderr, diagnostics))
     if ev.timed_out:
         return Judgement(Verdict.TIMEOUT, f"killed after {ev.duration_s:.0f} s: the run timed out", checks)
     if ev.emulator_crash and not all(c.held for c in checks):
@@ -61,6 +62,9 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str) -> Judgement:
     broken = _broken_environment(ev)
     if broken and not all(c.held for c in checks):
         return Judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
+    if expect.graph_breaks is not None and (diagnostics is None or diagnostics.graph_break_count is None):
+        return Judgement(Verdict.ERROR, "graph_breaks needs torch._dynamo.explain's count, and the "
+                                        "diagnose step gave none (see diagnose/stderr.txt)", checks)
     failed = [c for c in checks if not c.held]
     if not failed:
         return Judgement(Verdict.REPRODUCED, "every expectation held: " +
@@ -77,7 +81,7 @@ def _broken_environment(ev: Evidence) -> str | None:
     return None
 
 
-def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str):
+def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics):
     if expect.duplicate_runtime is not None:
         dups = [d for d in ev.duplicate_runtimes if d.family == expect.duplicate_runtime]
         observed = (f"{len(dups[0].paths)} files in pid {dups[0].pid}" if dups
@@ -98,6 +102,10 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str):
         held = expect.stderr_contains in stderr
         yield Check("stderr_contains", repr(expect.stderr_contains),
                     "found" if held else "not found", held)
+    if expect.graph_breaks is not None:
+        count = diagnostics.graph_break_count if diagnostics is not None else None
+        observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
+        yield Check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
     if expect.exit_code is not None:
         observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
         yield Check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)

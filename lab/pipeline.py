@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from . import report
 from .analyze import analyze, read_text
 from .build import build_image
+from .dynamo import Diagnostics, load_diagnostics
 from .engine import Engine
 from .errors import BuildError, LabError, NoGpuRuntimeError
 from .hostpip import HostPip
 from .judge import Judgement, build_failed, judge
 from .records import Events, no_events
-from .render import plan_build
+from .render import RUNNER_IN_IMAGE, plan_build
 from .resolve import Case
 
 LD_DEBUG = "libs,files"
@@ -38,12 +39,17 @@ def check_gpu(case: Case, engine: Engine) -> None:
             f"(runtimes: {', '.join(sorted(engine.info().get('Runtimes') or {})) or 'none'}).", hint=hint)
 
 
-def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path,
-             events: Events = no_events) -> RunOutcome:
+def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
+             *, run_dir: Path | None = None, diagnose: bool = True) -> RunOutcome:
+    """Build (or reuse) the image, run the script, diagnose it, judge it and write the run folder.
+
+    The diagnose step is a second container of the same image; the scenario's own run stays
+    unchanged. It runs when asked, and always when an expectation needs it (graph_breaks).
+    """
     check_gpu(case, engine)
     plan = plan_build(case, host)
     started = datetime.now(timezone.utc)
-    run_dir = report.new_run_dir(runs_root, case, started)
+    run_dir = run_dir or report.new_run_dir(runs_root, case, started)
     report.write_inputs(run_dir, plan)
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version,
@@ -58,13 +64,16 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path,
         report.write_scenario(run_dir, case, image.base)
         _save_freeze(engine, image.tag, run_dir)
         raw = _run_script(case, engine, image.tag, run_dir, events)
+        diagnostics = None
+        if diagnose or case.scenario.expect.graph_breaks is not None:
+            diagnostics = _diagnose(case, engine, image.tag, run_dir, events)
         events("collect_env", "python -m torch.utils.collect_env")
         collect_env = _collect_env(engine, image.tag, case)
         evidence = analyze(raw)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
-                          read_text(raw.stderr_path))
+                          read_text(raw.stderr_path), diagnostics)
         rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.base,
-                               collect_env=collect_env, **record)
+                               collect_env=collect_env, diagnostics=diagnostics, **record)
         return RunOutcome(run_dir, report.write_results(rec), judgement)
     except KeyboardInterrupt:
         report.mark_unfinished(run_dir, case, "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)")
@@ -74,16 +83,41 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path,
         raise
 
 
+def _command(case: Case, through_runner: bool) -> list[str]:
+    script = [case.scenario.script.name, *case.scenario.args]
+    return ["python", RUNNER_IN_IMAGE, *script] if through_runner else ["python", *script]
+
+
 def _run_script(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events):
     env = case.run_env()
     env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": "/out/ld/ld"})
     (run_dir / "out" / "ld").mkdir(parents=True, exist_ok=True)
-    command = ["python", case.scenario.script.name, *case.scenario.args]
+    command = _command(case, through_runner=case.hooked)
     events("run", f"running {' '.join(command)} (timeout {case.scenario.timeout} s"
                   f"{', emulated' if case.arch != engine.arch else ''})")
     return engine.run(tag, command, env, mount_dir=run_dir / "out", logs_dir=run_dir, arch=case.arch,
                       timeout=case.scenario.timeout,
                       labels={"org.torch-repro-lab.case": case.name}, events=events)
+
+
+def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events) -> Diagnostics:
+    """What the torch.compile FAQ says to collect: explain's graph breaks, recompile reasons,
+    compile time by phase, and a TORCH_TRACE folder (for tlparse)."""
+    folder = run_dir / "diagnose"
+    for sub in ("diag", "trace"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    env = case.run_env()
+    env.update({"LAB_DIAG_DIR": "/out/diag", "TORCH_TRACE": "/out/trace", "TORCH_LOGS": "recompiles"})
+    events("diagnose", "explain, recompiles, compile times and TORCH_TRACE (a second run of the script)")
+    raw = engine.run(tag, _command(case, through_runner=True), env, mount_dir=folder, logs_dir=folder,
+                     arch=case.arch, timeout=case.scenario.timeout,
+                     labels={"org.torch-repro-lab.case": case.name, "org.torch-repro-lab.step": "diagnose"},
+                     events=events)
+    diagnostics = load_diagnostics(folder / "diag", folder / "trace", read_text(raw.stderr_path))
+    if raw.timed_out:
+        note = "the diagnose run timed out; what it wrote before that is kept"
+        diagnostics = replace(diagnostics, notes=(*diagnostics.notes, note))
+    return diagnostics
 
 
 def _collect_env(engine: Engine, tag: str, case: Case) -> str:

@@ -28,6 +28,8 @@ BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
 CA_IN_IMAGE = "/etc/lab/ca.crt"
 WHEELS_IN_IMAGE = "/lab/wheels"
 IMAGE_REPO = "torch-repro-lab/case"
+RUNNER = Path(__file__).resolve().parent / "probe" / "lab_run.py"  # runs inside the image
+RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
 WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
 
 
@@ -105,6 +107,7 @@ def context_files(case: Case, dockerfile: str, host: HostPip) -> tuple[ContextFi
         ContextFile("lab/ca.crt", ca),
         ContextFile("lab/pip.conf", pip_conf.encode()),
         ContextFile("repro/" + case.scenario.script.name, source=case.scenario.script),
+        ContextFile("tools/" + RUNNER.name, source=RUNNER),
         ContextFile("wheels/README", WHEELS_README),
     ]
     files += [ContextFile("wheels/" + w.name, source=w)

@@ -16,6 +16,7 @@ import yaml
 
 from . import __version__
 from .analyze import Evidence, read_text
+from .dynamo import Diagnostics
 from .judge import Judgement
 from .records import BaseImage, BuiltImage
 from .render import BuildPlan
@@ -39,6 +40,7 @@ class RunRecord:
     emulated: bool
     started: datetime
     collect_env: str | None = None
+    diagnostics: Diagnostics | None = None
 
 
 def new_run_dir(root: Path, case: Case, now: datetime | None = None) -> Path:
@@ -112,6 +114,7 @@ def result_json(rec: RunRecord) -> dict:
         "torch": rec.case.torch,
         "arch": rec.case.arch.value,
         "backend": rec.case.backend,
+        "mode": rec.case.mode,
         "emulated": rec.emulated,
         "verdict": rec.judgement.verdict.value,
         "reason": rec.judgement.reason,
@@ -121,6 +124,7 @@ def result_json(rec: RunRecord) -> dict:
                                    for d in (ev.duplicate_runtimes if ev else ())],
             "exception": None if exc is None else {"type": exc.type, "message": exc.message},
         },
+        "graph_breaks": rec.diagnostics.graph_break_count if rec.diagnostics else None,
         "exit_code": ev.exit_code if ev else None,
         "duration_s": round(ev.duration_s, 2) if ev else None,
         "checks": rec.judgement.to_json()["checks"],
@@ -142,6 +146,8 @@ def write_results(rec: RunRecord) -> dict:
                                                    "judgement": rec.judgement.to_json()})
     if rec.collect_env is not None:
         (rec.run_dir / "collect_env.txt").write_text(rec.collect_env)
+    if rec.diagnostics is not None:
+        _dump_json(rec.run_dir / "diagnose" / "diagnostics.json", rec.diagnostics.to_json())
     (rec.run_dir / "report.md").write_text(render_report(rec))
     return result
 
@@ -163,23 +169,64 @@ def _dump_json(path: Path, data: dict) -> None:
 
 # --- report.md ---------------------------------------------------------------
 def render_report(rec: RunRecord) -> str:
+    """In the order of PyTorch's pt2-bug-report.yml: the bug (with its trace, ablation and a
+    minimal reproducer), then the error logs, then the versions."""
     case, j = rec.case, rec.judgement
     s = case.scenario
     parts = [f"# {s.title or s.name}: {j.verdict.value.replace('_', ' ')}", ""]
     parts += _summary(rec)
-    parts += ["", "## Evidence", ""]
+    parts += ["", "## Describe the bug", "", "### Evidence", ""]
     words = rec.evidence.plain_words() if rec.evidence else ["no run: the image build failed"]
     parts += [f"- {w}" for w in words]
     if j.checks:
         parts += ["", "| expectation | expected | observed | held |", "|---|---|---|---|"]
         parts += [f"| `{c.key}` | {_cell(c.expected)} | {_cell(c.observed)} | {'yes' if c.held else 'no'} |"
                   for c in j.checks]
-    parts += ["", "## Versions", ""] + _versions(rec)
-    parts += ["", "## Run it again", ""] + _rerun(rec)
-    parts += ["", "## Script", "", f"`{s.script.name}`" + _args(case), "",
+    parts += _diagnostics_section(rec)
+    parts += ["", "### Ablation", "", _ablation_line(rec)]
+    parts += ["", "### Minimal reproducer", "", f"`{s.script.name}`" + _args(case), "",
               "```python", s.script.read_text(errors="replace").rstrip(), "```", ""]
-    parts += _collapsed(rec)
+    parts += _rerun(rec)
+    parts += ["", "## Error logs", ""] + _logs(rec)
+    parts += ["## Versions", ""] + _versions(rec) + [""] + _environment(rec)
     return "\n".join(parts) + "\n"
+
+
+def _diagnostics_section(rec: RunRecord) -> list[str]:
+    d = rec.diagnostics
+    if d is None:
+        return ["", "### Graph breaks, recompiles and compile time", "",
+                "Not collected (`--no-diagnose`)." if rec.evidence else "Not collected: no run."]
+    out = ["", "### Graph breaks, recompiles and compile time", "",
+           "From a second run of the script through the lab's runner (`diagnose/`): "
+           "`torch._dynamo.explain`, `TORCH_LOGS=recompiles` and `torch._dynamo.utils.compile_times()`.", ""]
+    out += [f"- {w}" for w in d.plain_words()] or ["- nothing was compiled"]
+    trace = rec.run_dir / "diagnose" / "trace"
+    out += ["", "### TORCH_TRACE", ""]
+    if d.trace_files:
+        out.append(f"{len(d.trace_files)} file(s) in `diagnose/trace/` (`{d.trace_files[0]}` ...): attach "
+                   "the `.log` files to the issue, or run `tlparse` on them.")
+    else:
+        out.append(f"`{trace.relative_to(rec.run_dir)}/` is empty: this torch wrote no structured trace.")
+    return out
+
+
+def _ablation_line(rec: RunRecord) -> str:
+    case = rec.case
+    if case.scenario.ablation.via == "none":
+        return "Not ablatable: the script hard-codes its backend (`ablation.via: none`)."
+    chosen = f"backend `{case.backend or 'as the script chooses'}`" + (f", mode `{case.mode}`" if case.mode else "")
+    return (f"This run: {chosen}. `lab run {scenario_ref(case)} --ablate` runs eager, aot_eager and "
+            "inductor on the same image and names the layer that fails.")
+
+
+def _environment(rec: RunRecord) -> list[str]:
+    out: list[str] = []
+    if rec.collect_env:
+        out += _details("python -m torch.utils.collect_env", rec.collect_env)
+    d = rec.run_dir
+    out += _details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else "")
+    return out
 
 
 def _summary(rec: RunRecord) -> list[str]:
@@ -254,22 +301,24 @@ def _rerun(rec: RunRecord) -> list[str]:
     cmd = ["lab", "run", scenario_ref(case), "--torch", case.torch, "--arch", case.arch.value]
     if case.backend:
         cmd += ["--backend", case.backend]
+    if case.mode:
+        cmd += ["--mode", case.mode]
     for k, v in case.vars:
         cmd += ["--set", f"{k}={v}"]
     env = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items()))
-    return ["With the lab:", "", "```sh", shlex.join(cmd), "```", "",
+    return ["Run it with the lab:", "", "```sh", shlex.join(cmd), "```", "",
             "Without it, from this run folder (it is the build context):", "", "```sh",
             f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} -t repro .",
             f"docker run --rm --platform {case.arch.platform} -e LD_DEBUG=libs,files {env} repro".rstrip(),
             "```"]
 
 
-def _collapsed(rec: RunRecord) -> list[str]:
+def _logs(rec: RunRecord) -> list[str]:
     out: list[str] = []
     d = rec.run_dir
-    if rec.collect_env:
-        out += _details("Environment (python -m torch.utils.collect_env)", rec.collect_env)
-    for name, title in (("stderr.txt", "stderr"), ("stdout.txt", "stdout"), ("build.log", "build log")):
+    logs = (("stderr.txt", "stderr"), ("stdout.txt", "stdout"),
+            ("diagnose/stderr.txt", "diagnose step: stderr (TORCH_LOGS=recompiles)"), ("build.log", "build log"))
+    for name, title in logs:
         if (d / name).exists():
             text = read_text(d / name, limit=256 * 1024)
             lines = text.splitlines()
@@ -277,9 +326,9 @@ def _collapsed(rec: RunRecord) -> list[str]:
             out += _details(title + note, "\n".join(lines[-_LOG_TAIL_LINES:]))
     if rec.evidence and rec.evidence.duplicate_runtimes:
         out += _details("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
-            f"pid {o_pid}: {o.path}  <- {o.needed_by or '?'}"
-            for dup in rec.evidence.duplicate_runtimes for o_pid, o in ((dup.pid, x) for x in dup.objects)))
-    out += _details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else "")
+            f"pid {dup.pid}: {path}  <- {obj.needed_by or '?'}"
+            for dup in rec.evidence.duplicate_runtimes
+            for path, obj in zip(dup.paths, dup.objects, strict=True)))
     return out
 
 

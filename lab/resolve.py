@@ -13,6 +13,7 @@ from .errors import ScenarioError
 from .scenario import Arch, Scenario
 
 BACKENDS = ("eager", "aot_eager", "inductor")
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # The python3 that each base distribution ships (what `apt-get install python3` gives).
 _BASE_PYTHON = (
@@ -56,13 +57,21 @@ class Case:
     arch: Arch
     backend: str | None = None
     vars: tuple[tuple[str, str], ...] = field(default=())
+    mode: str | None = None
 
     @property
     def name(self) -> str:
         parts = [f"torch={self.torch}", f"arch={self.arch.value}"]
         if self.backend:
             parts.append(f"backend={self.backend}")
+        if self.mode:
+            parts.append(f"mode={self.mode}")
         return f"{self.scenario.name}[{','.join(parts)}]"
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the lab's runner must override the script's torch.compile backend/mode."""
+        return self.scenario.ablation.via == "hook" and bool(self.backend or self.mode)
 
     @property
     def python(self) -> str | None:
@@ -91,21 +100,46 @@ class Case:
         env.update(dict(self.vars))
         if self.backend:
             env["LAB_BACKEND"] = self.backend
+        if self.mode:
+            env["LAB_MODE"] = self.mode
+        if self.hooked:
+            env["LAB_COMPILE_HOOK"] = "1"
         return env
 
 
 def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = None,
-            backend: str | None = None, sets: dict[str, str] | None = None) -> Case:
+            backend: str | None = None, sets: dict[str, str] | None = None,
+            mode: str | None = None) -> Case:
     """Choose the case to run. A scenario that pins several versions or arches needs a choice."""
     version = _pick(scenario, "torch", scenario.torch, torch)
     chosen_arch = _pick(scenario, "arch", tuple(a.value for a in scenario.arch), parse_arch(arch))
-    if backend is not None and backend not in BACKENDS:
-        raise ScenarioError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.",
-                            field="--backend")
+    _check_backend(scenario, backend, mode)
     if sets:
         scenario = scenario.with_vars(sets)
     return Case(scenario=scenario, torch=version, arch=Arch(chosen_arch), backend=backend,
-                vars=tuple(sorted(scenario.vars.items())))
+                vars=tuple(sorted(scenario.vars.items())), mode=mode)
+
+
+def _check_backend(scenario: Scenario, backend: str | None, mode: str | None) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise ScenarioError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.",
+                            field="--backend")
+    if mode is not None and mode not in MODES:
+        raise ScenarioError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}.", field="--mode")
+    if mode is not None and backend not in (None, "inductor"):
+        raise ScenarioError(f"--mode {mode} needs the inductor backend, not {backend}.", field="--mode")
+    if backend or mode:
+        check_ablatable(scenario)
+
+
+def check_ablatable(scenario: Scenario) -> None:
+    """Refuse to choose the backend of a script that hard-codes it as part of the bug."""
+    if scenario.ablation.via == "none":
+        raise ScenarioError(
+            "this scenario's script hard-codes its torch.compile backend (ablation.via: none), "
+            "so --backend, --mode and --ablate do not apply.", file=str(scenario.source), field="ablation.via",
+            hint="Set `ablation: {via: hook}` to let the lab override it, or `via: env` if the script "
+                 "reads LAB_BACKEND.")
 
 
 def _pick(scenario: Scenario, key: str, pinned: tuple[str, ...], wanted: str | None) -> str:

@@ -132,3 +132,20 @@ def test_compose_runs_the_lab_in_a_container_against_the_host_engine():
     assert checks["Docker engine"]["status"] == "ok", proc.stderr[-2000:]
     assert checks["arm64 emulation"]["status"] in ("ok", "warn")
     assert checks["CA bundle"]["status"] == "ok"
+
+
+@pytest.mark.arm64
+def test_dlpack_cpu_ablation_names_the_dynamo_layer(runs):
+    """The bug is in Dynamo, so it fails already under `eager`; one image serves every rung."""
+    proc = run_lab("run", "dlpack-cpu", "--ablate", "--out", str(runs), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["layer"] == "dynamo", result
+    assert "fails under `eager`: a TorchDynamo issue" in result["conclusion"]
+    verdicts = {(s["backend"], s["mode"]): s["verdict"] for s in result["ablation"]}
+    assert verdicts == {("eager", None): "reproduced", ("aot_eager", None): "reproduced",
+                        ("inductor", None): "reproduced", ("inductor", "max-autotune"): "reproduced"}
+    folder = Path(result["run_dir"])
+    assert "TorchDynamo" in (folder / "ablation.md").read_text()
+    images = {json.loads((Path(s["run_dir"]) / "result.json").read_text())["image"]["id"] for s in result["ablation"]}
+    assert len(images) == 1

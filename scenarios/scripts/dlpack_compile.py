@@ -13,6 +13,7 @@ import torch.nn as nn
 
 DEVICE = os.environ.get("DEVICE", "cuda")
 BACKEND = os.environ.get("LAB_BACKEND", "inductor")
+MODE = os.environ.get("LAB_MODE") or None  # inductor only: eager and aot_eager take no mode
 
 
 class MyModel(nn.Module):
@@ -56,7 +57,7 @@ def main():
     old_max_autotune = inductor_config.max_autotune
     inductor_config.max_autotune = True  # emulate 'max-autotune' mode
     try:
-        compiled_model = torch.compile(model_eager, backend=BACKEND, fullgraph=True, dynamic=True)
+        compiled_model = torch.compile(model_eager, backend=BACKEND, mode=MODE, fullgraph=True, dynamic=True)
         with torch.no_grad():
             out_compiled = compiled_model(inp)  # <-- fails here
         print("\n=== compiled Output ===")

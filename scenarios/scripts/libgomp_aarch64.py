@@ -14,6 +14,7 @@ import torch
 
 N = int(os.environ.get("N", "8192"))
 BACKEND = os.environ.get("LAB_BACKEND", "inductor")
+MODE = os.environ.get("LAB_MODE") or None  # inductor only: eager and aot_eager take no mode
 
 
 def fused_elemwise_reduce(x):
@@ -22,7 +23,7 @@ def fused_elemwise_reduce(x):
     return x.sum(dim=1)
 
 
-compiled = torch.compile(fused_elemwise_reduce, backend=BACKEND, fullgraph=True)
+compiled = torch.compile(fused_elemwise_reduce, backend=BACKEND, mode=MODE, fullgraph=True)
 x = torch.randn((N, N), dtype=torch.float32)
 y = compiled(x)
 for _ in range(5):

@@ -1,0 +1,72 @@
+"""The FAQ's ablation ladder as pure logic: which layer a bug belongs to."""
+
+import pytest
+
+from lab.ablate import LADDER, Step, conclude, rungs
+from lab.errors import ScenarioError
+from lab.judge import Verdict
+from lab.resolve import check_ablatable, resolve
+from lab.scenario import load_scenario
+
+from .conftest import SCENARIOS
+
+R, N, E, T = Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.ERROR, Verdict.TIMEOUT
+
+
+def steps(*verdicts):
+    return [Step(rung, v) for rung, v in zip(LADDER, verdicts, strict=False)]
+
+
+@pytest.mark.parametrize("verdicts, layer, words", [
+    ((R, R, R), "dynamo", "fails under `eager`: a TorchDynamo issue"),
+    ((N, R, R), "aot_autograd", "passes `eager`, fails `aot_eager`: an AOTAutograd issue"),
+    ((N, N, R), "inductor", "passes `aot_eager`, fails `inductor`: a TorchInductor issue"),
+    ((N, N, N, R), "inductor-max-autotune", 'fails `inductor` with mode="max-autotune"'),
+    ((N, N, N), None, "does not reproduce under any backend tried (`eager`, `aot_eager`, `inductor`)"),
+])
+def test_the_first_failing_rung_names_the_layer(verdicts, layer, words):
+    c = conclude(steps(*verdicts))
+    assert c.layer == layer
+    assert words in c.words
+
+
+@pytest.mark.parametrize("bad", [E, T])
+def test_an_infrastructure_failure_before_the_bug_is_inconclusive(bad):
+    c = conclude(steps(N, bad, R))
+    assert c.layer is None and c.words.startswith("inconclusive: `aot_eager` gave")
+
+
+def test_an_error_after_the_first_reproduction_does_not_matter():
+    assert conclude(steps(R, E, T)).layer == "dynamo"
+
+
+def test_max_autotune_only_where_the_scenario_allows_it():
+    assert [r.label for r in rungs(False)] == ["eager", "aot_eager", "inductor"]
+    assert rungs(True)[-1].label == "inductor (mode=max-autotune)"
+
+
+def test_scripts_that_hard_code_the_backend_are_not_ablatable(tmp_path):
+    (tmp_path / "s.py").write_text("")
+    (tmp_path / "h.yaml").write_text('name: h\ntorch: "2.5.1"\narch: amd64\nbase: debian:bookworm\nscript: s.py\n'
+                                     'expect: {exit_code: 1}\nablation: {via: none}\n')
+    s = load_scenario(tmp_path / "h.yaml", SCENARIOS)
+    with pytest.raises(ScenarioError, match="hard-codes"):
+        check_ablatable(s)
+    with pytest.raises(ScenarioError, match="ablation.via"):
+        resolve(s, backend="eager")
+
+
+def test_hook_scenarios_run_through_the_runner_with_the_backend_set(tmp_path):
+    (tmp_path / "s.py").write_text("")
+    (tmp_path / "h.yaml").write_text('name: h\ntorch: "2.5.1"\narch: amd64\nbase: debian:bookworm\nscript: s.py\n'
+                                     'expect: {exit_code: 1}\nablation: {via: hook}\n')
+    case = resolve(load_scenario(tmp_path / "h.yaml", SCENARIOS), backend="inductor", mode="max-autotune")
+    env = case.run_env()
+    assert case.hooked and env["LAB_COMPILE_HOOK"] == "1"
+    assert env["LAB_BACKEND"] == "inductor" and env["LAB_MODE"] == "max-autotune"
+    assert not resolve(load_scenario("dlpack-cpu", SCENARIOS), backend="eager").hooked
+
+
+def test_mode_needs_inductor():
+    with pytest.raises(ScenarioError, match="--mode"):
+        resolve(load_scenario("dlpack-cpu", SCENARIOS), backend="eager", mode="max-autotune")
