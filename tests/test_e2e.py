@@ -149,3 +149,11 @@ def test_dlpack_cpu_ablation_names_the_dynamo_layer(runs):
     assert "TorchDynamo" in (folder / "ablation.md").read_text()
     images = {json.loads((Path(s["run_dir"]) / "result.json").read_text())["image"]["id"] for s in result["ablation"]}
     assert len(images) == 1
+
+
+def test_the_hook_overrides_a_hard_coded_backend(runs):
+    result, _ = lab_run(str(DATA / "e2e" / "hooked.yaml"), "--backend", "eager", "--no-diagnose", out=runs)
+    assert result["verdict"] == "reproduced", result
+    result, _ = lab_run(str(DATA / "e2e" / "hooked.yaml"), "--no-diagnose", out=runs)
+    assert result["verdict"] == "not_reproduced", result
+    assert "not_a_backend" in result["evidence"]["exception"]["message"]
