@@ -244,12 +244,19 @@ def _function(raw: Mapping[str, Any]) -> CompiledFunction:
         location=_location(raw.get("file"), raw.get("line")),
         status=_str(raw.get("status")) or "unknown",
         graph_count=_int(raw.get("graph_count")),
-        graph_break_count=_int(raw.get("graph_break_count")),
+        graph_break_count=_break_count(raw),
         op_count=_int(raw.get("op_count")),
         breaks=tuple(_break(b) for b in breaks if isinstance(b, dict)) if isinstance(breaks, list) else (),
         error=error_text,
         hook_changes=tuple(_strings(raw.get("hook_changes"))),
     )
+
+
+def _break_count(raw: Mapping[str, Any]) -> int | None:
+    """explain counts breaks as graphs - 1, so a function that compiled no graph (Dynamo skipped
+    or disabled it) reports -1: that is zero breaks, and graph_count 0 says why."""
+    count = _int(raw.get("graph_break_count"))
+    return None if count is None else max(count, 0)
 
 
 def _break(raw: Mapping[str, Any]) -> GraphBreakReason:

@@ -645,3 +645,11 @@ def _python38() -> str | None:
         if probe.returncode == 0 and probe.stdout.strip() == "(3, 8)":
             return python
     return None
+
+
+def test_explain_of_a_function_with_no_graph_counts_zero_breaks_not_minus_one():
+    report = parse_explain(Path(__file__).parent / "data" / "dynamo" / "torch2.10.0-arm64" /
+                           "func-grad-no-graph.explain.json")
+    (fn,) = report.functions
+    assert fn.graph_count == 0 and fn.graph_break_count == 0
+    assert report.graph_break_count == 0

@@ -157,3 +157,21 @@ def test_the_hook_overrides_a_hard_coded_backend(runs):
     result, _ = lab_run(str(DATA / "e2e" / "hooked.yaml"), "--no-diagnose", out=runs)
     assert result["verdict"] == "not_reproduced", result
     assert "not_a_backend" in result["evidence"]["exception"]["message"]
+
+
+@pytest.mark.arm64
+def test_graph_break_explain_reports_two_breaks_with_their_reasons(runs):
+    result, _ = lab_run("graph-break-explain", out=runs)
+    assert result["verdict"] == "reproduced", result
+    assert result["graph_breaks"] == 2
+    run_dir = Path(result["run_dir"])
+    diag = json.loads((run_dir / "diagnose" / "diagnostics.json").read_text())
+    (fn,) = [f for f in diag["explain"]["functions"] if f["name"] == "toy_example"]
+    assert fn["graph_break_count"] == 2 and fn["graph_count"] == 3
+    first, second = fn["breaks"]
+    assert "print" in first["reason"] and first["source"] == 'print("woo")'
+    assert second["source"] == "if b.sum() < 0:"
+    report = (run_dir / "report.md").read_text()
+    assert "2 graph breaks in toy_example (3 graphs)" in report
+    assert list((run_dir / "diagnose" / "trace").glob("*.log")), "TORCH_TRACE wrote nothing"
+    assert report.index("## Describe the bug") < report.index("## Error logs") < report.index("## Versions")
