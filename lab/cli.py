@@ -180,6 +180,8 @@ def run(
                                          "where allowed) on one image and name the failing layer.")] = False,
     diagnose: Annotated[bool, typer.Option(help="Collect explain, recompiles, compile times and "
                                            "TORCH_TRACE in a second run.")] = True,
+    compile_debug: Annotated[bool, typer.Option("--compile-debug", help="Also run the diagnose step with "
+                                                "TORCH_COMPILE_DEBUG=1 (output in diagnose/compile_debug/).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build and run a scenario, analyse what happened and write a report."""
@@ -197,7 +199,8 @@ def run(
             _ablate(case, engine, discover(), runs_root, as_json)
             return
         with Progress() as progress:
-            outcome = run_case(case, engine, discover(), runs_root, progress, diagnose=diagnose)
+            outcome = run_case(case, engine, discover(), runs_root, progress, diagnose=diagnose,
+                               compile_debug=compile_debug)
         _print_outcome(outcome)
         if as_json:
             out.print(json.dumps(outcome.result), markup=False)

@@ -40,7 +40,7 @@ def check_gpu(case: Case, engine: Engine) -> None:
 
 
 def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
-             *, run_dir: Path | None = None, diagnose: bool = True) -> RunOutcome:
+             *, run_dir: Path | None = None, diagnose: bool = True, compile_debug: bool = False) -> RunOutcome:
     """Build (or reuse) the image, run the script, diagnose it, judge it and write the run folder.
 
     The diagnose step is a second container of the same image; the scenario's own run stays
@@ -65,8 +65,8 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
         _save_freeze(engine, image.tag, run_dir)
         raw = _run_script(case, engine, image.tag, run_dir, events)
         diagnostics = None
-        if diagnose or case.scenario.expect.graph_breaks is not None:
-            diagnostics = _diagnose(case, engine, image.tag, run_dir, events)
+        if diagnose or compile_debug or case.scenario.expect.graph_breaks is not None:
+            diagnostics = _diagnose(case, engine, image.tag, run_dir, events, compile_debug)
         events("collect_env", "python -m torch.utils.collect_env")
         collect_env = _collect_env(engine, image.tag, case)
         evidence = analyze(raw)
@@ -100,24 +100,32 @@ def _run_script(case: Case, engine: Engine, tag: str, run_dir: Path, events: Eve
                       labels={"org.torch-repro-lab.case": case.name}, events=events)
 
 
-def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events) -> Diagnostics:
+def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events,
+              compile_debug: bool = False) -> Diagnostics:
     """What the torch.compile FAQ says to collect: explain's graph breaks, recompile reasons,
-    compile time by phase, and a TORCH_TRACE folder (for tlparse)."""
+    compile time by phase, and a TORCH_TRACE folder (for tlparse); with `compile_debug`, also
+    TORCH_COMPILE_DEBUG=1's folder."""
     folder = run_dir / "diagnose"
-    for sub in ("diag", "trace"):
+    for sub in ("diag", "trace") + (("compile_debug",) if compile_debug else ()):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     env = case.run_env()
     env.update({"LAB_DIAG_DIR": "/out/diag", "TORCH_TRACE": "/out/trace", "TORCH_LOGS": "recompiles"})
+    if compile_debug:
+        env.update({"TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": "/out/compile_debug"})
     events("diagnose", "explain, recompiles, compile times and TORCH_TRACE (a second run of the script)")
     raw = engine.run(tag, _command(case, through_runner=True), env, mount_dir=folder, logs_dir=folder,
                      arch=case.arch, timeout=case.scenario.timeout,
                      labels={"org.torch-repro-lab.case": case.name, "org.torch-repro-lab.step": "diagnose"},
                      events=events)
     diagnostics = load_diagnostics(folder / "diag", folder / "trace", read_text(raw.stderr_path))
-    if raw.timed_out:
-        note = "the diagnose run timed out; what it wrote before that is kept"
-        diagnostics = replace(diagnostics, notes=(*diagnostics.notes, note))
-    return diagnostics
+    notes = ["the diagnose run timed out; what it wrote before that is kept"] if raw.timed_out else []
+    if compile_debug:
+        written = sum(1 for p in (folder / "compile_debug").rglob("*") if p.is_file())
+        files = f"{written} file" + ("s" if written != 1 else "")
+        notes.append(f"TORCH_COMPILE_DEBUG=1 wrote {files} to diagnose/compile_debug/" if written else
+                     "TORCH_COMPILE_DEBUG=1 wrote nothing: this torch ignores TORCH_COMPILE_DEBUG_DIR, "
+                     "or nothing reached Inductor")
+    return replace(diagnostics, notes=(*diagnostics.notes, *notes)) if notes else diagnostics
 
 
 def _collect_env(engine: Engine, tag: str, case: Case) -> str:
