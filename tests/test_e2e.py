@@ -161,7 +161,7 @@ def test_the_hook_overrides_a_hard_coded_backend(runs):
 
 @pytest.mark.arm64
 def test_graph_break_explain_reports_two_breaks_with_their_reasons(runs):
-    result, _ = lab_run("graph-break-explain", out=runs)
+    result, _ = lab_run("graph-break-explain", "--compile-debug", out=runs)
     assert result["verdict"] == "reproduced", result
     assert result["graph_breaks"] == 2
     run_dir = Path(result["run_dir"])
@@ -174,4 +174,5 @@ def test_graph_break_explain_reports_two_breaks_with_their_reasons(runs):
     report = (run_dir / "report.md").read_text()
     assert "2 graph breaks in toy_example (3 graphs)" in report
     assert list((run_dir / "diagnose" / "trace").glob("*.log")), "TORCH_TRACE wrote nothing"
+    assert [p for p in (run_dir / "diagnose" / "compile_debug").rglob("*") if p.is_file()]
     assert report.index("## Describe the bug") < report.index("## Error logs") < report.index("## Versions")
