@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .judge import Verdict
@@ -69,27 +68,13 @@ def conclude(steps: list[Step] | tuple[Step, ...]) -> Conclusion:
     return Conclusion(None, f"does not reproduce under any backend tried ({tried})")
 
 
-def ablation_dir(root: Path, case: Case, now: datetime | None = None) -> Path:
-    now = now or datetime.now(timezone.utc)
-    parent = root / case.scenario.name
-    parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        stem = f"{now:%Y%m%dT%H%M%SZ}-torch{case.torch}-{case.arch.value}-ablation"
-        path = parent / (stem if n == 1 else f"{stem}-{n}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free folder name under {parent}")
-
-
 def run_ablation(case: Case, engine, host, runs_root: Path, events) -> tuple[Path, list[Step], Conclusion]:
     """Run every rung in one image (the backend is chosen at run time), each in its own run folder."""
     from .pipeline import run_case
+    from .report import new_run_dir
 
     check_ablatable(case.scenario)
-    folder = ablation_dir(runs_root, case)
+    folder = new_run_dir(runs_root, case, suffix="ablation")
     steps: list[Step] = []
     for rung in rungs(case.scenario.ablation.max_autotune):
         events("ablate", f"{rung.label}")

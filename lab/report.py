@@ -43,12 +43,12 @@ class RunRecord:
     diagnostics: Diagnostics | None = None
 
 
-def new_run_dir(root: Path, case: Case, now: datetime | None = None) -> Path:
-    """runs/<scenario>/<timestamp>-torch<ver>-<arch>[-backend]/, unique even for parallel runs."""
+def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:
+    """runs/<scenario>/<timestamp>-torch<ver>-<arch>[-backend][-mode][-suffix]/, unique even for
+    parallel runs (a second one the same second gets `-2`)."""
     now = now or datetime.now(timezone.utc)
-    stem = f"{now:%Y%m%dT%H%M%SZ}-torch{case.torch}-{case.arch.value}"
-    if case.backend:
-        stem += f"-{case.backend}"
+    parts = [f"{now:%Y%m%dT%H%M%SZ}-torch{case.torch}-{case.arch.value}", case.backend, case.mode, suffix]
+    stem = "-".join(p for p in parts if p)
     parent = root / case.scenario.name
     parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
