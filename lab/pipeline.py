@@ -65,7 +65,8 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
         _save_freeze(engine, image.tag, run_dir)
         raw = _run_script(case, engine, image.tag, run_dir, events)
         diagnostics = None
-        if diagnose or compile_debug or case.scenario.expect.graph_breaks is not None:
+        wanted = diagnose or compile_debug or case.scenario.expect.graph_breaks is not None
+        if wanted and not raw.timed_out:  # a hung script would only hang a second time
             diagnostics = _diagnose(case, engine, image.tag, run_dir, events, compile_debug)
         events("collect_env", "python -m torch.utils.collect_env")
         collect_env = _collect_env(engine, image.tag, case)

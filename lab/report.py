@@ -195,8 +195,10 @@ def render_report(rec: RunRecord) -> str:
 def _diagnostics_section(rec: RunRecord) -> list[str]:
     d = rec.diagnostics
     if d is None:
-        return ["", "### Graph breaks, recompiles and compile time", "",
-                "Not collected (`--no-diagnose`)." if rec.evidence else "Not collected: no run."]
+        why = ("no run" if rec.evidence is None else
+               "the run timed out, and a second run would hang too" if rec.evidence.timed_out else
+               "`--no-diagnose`")
+        return ["", "### Graph breaks, recompiles and compile time", "", f"Not collected: {why}."]
     out = ["", "### Graph breaks, recompiles and compile time", "",
            "From a second run of the script through the lab's runner (`diagnose/`): "
            "`torch._dynamo.explain`, `TORCH_LOGS=recompiles` and `torch._dynamo.utils.compile_times()`.", ""]

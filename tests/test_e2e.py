@@ -85,6 +85,9 @@ def test_a_hanging_script_times_out_and_leaves_no_container(runs):
     assert result["verdict"] == "timeout", result
     run_dir = Path(result["run_dir"])
     assert "started" in (run_dir / "stdout.txt").read_text()  # what it printed before the kill is kept
+    report = (run_dir / "report.md").read_text()
+    assert "killed after" in report and "Not collected: the run timed out" in report
+    assert not (run_dir / "diagnose").exists()
     client = docker.from_env()
     left = client.containers.list(all=True, filters={"label": "org.torch-repro-lab.case"})
     assert not [c for c in left if "sleeper" in c.labels.get("org.torch-repro-lab.case", "")]
