@@ -77,7 +77,7 @@ def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
 
 
 # The run folder doubles as a build context for `docker build .`; this keeps its outputs out.
-_RUN_DOCKERIGNORE = "out\n*.txt\n*.json\n*.md\n*.log\nscenario.yaml\n"
+_RUN_DOCKERIGNORE = "out\ndiagnose\n*.txt\n*.json\n*.md\n*.log\nscenario.yaml\n"
 
 
 def write_inputs(run_dir: Path, plan: BuildPlan) -> None:
@@ -307,12 +307,16 @@ def _rerun(rec: RunRecord) -> list[str]:
         cmd += ["--mode", case.mode]
     for k, v in case.vars:
         cmd += ["--set", f"{k}={v}"]
-    env = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items()))
-    return ["Run it with the lab:", "", "```sh", shlex.join(cmd), "```", "",
-            "Without it, from this run folder (it is the build context):", "", "```sh",
-            f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} -t repro .",
-            f"docker run --rm --platform {case.arch.platform} -e LD_DEBUG=libs,files {env} repro".rstrip(),
-            "```"]
+    env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items()))
+    lines = ["Run it with the lab:", "", "```sh", shlex.join(cmd), "```", "",
+             "Without it, from this run folder (it is the build context):", "", "```sh"]
+    if rec.base and rec.base.ref != rec.base.requested:
+        lines.append(f"# this engine had no registry: its base was {rec.base.origin} as {rec.base.ref}")
+        lines.append(f"docker build --platform {case.arch.platform} --build-arg BASE={rec.base.ref} -t repro .")
+    else:
+        lines.append(f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} -t repro .")
+    lines += [f"docker run --rm --platform {case.arch.platform}{env} -e LD_DEBUG=libs,files repro", "```"]
+    return lines
 
 
 def _logs(rec: RunRecord) -> list[str]:
