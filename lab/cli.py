@@ -232,6 +232,8 @@ def _print_outcome(outcome) -> None:
     r = outcome.result
     colour = _COLOURS.get(r["verdict"], "bold")
     err.print(f"verdict: [{colour}]{r['verdict']}[/] ({escape(r['reason'])})")
+    for sentence in r.get("summary", []):
+        err.print(f"  - {escape(sentence)}")
     report = Path(r["run_dir"]) / "report.md"
     err.print(f"report:  {report}")
 

@@ -118,6 +118,7 @@ def result_json(rec: RunRecord) -> dict:
         "emulated": rec.emulated,
         "verdict": rec.judgement.verdict.value,
         "reason": rec.judgement.reason,
+        "summary": rec.evidence.plain_words() if ev else [],
         "run_dir": str(rec.run_dir),
         "evidence": {
             "duplicate_runtimes": [{"family": d.family, "pid": d.pid, "paths": list(d.paths)}

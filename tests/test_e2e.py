@@ -46,6 +46,7 @@ def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(runs):
     assert any(re.search(r"/torch\.libs/libgomp-[0-9a-f]+\.so[.0-9]*$", p) for p in paths), paths
     assert any(p.endswith("/libgomp.so.1") and "torch" not in p for p in paths), paths
 
+    assert any(s.startswith("two GNU OpenMP runtimes in pid") for s in result["summary"]), result["summary"]
     run_dir = Path(result["run_dir"])
     for name in ("scenario.yaml", "Dockerfile", "repro/libgomp_aarch64.py", "stdout.txt", "stderr.txt",
                  "evidence.json", "collect_env.txt", "result.json", "report.md", "build.log"):
