@@ -45,3 +45,13 @@ def last_json(stdout: str) -> dict:
     lines = [ln for ln in stdout.strip().splitlines() if ln.strip()]
     assert lines, "no stdout"
     return json.loads(lines[-1])
+
+
+def tiny_scenario(folder: Path, body: str):
+    """Load a throwaway scenario: `name`, `torch`, `arch`, `base` and `expect` come from `body`,
+    with `script: s.py` (an empty script) added."""
+    from lab.scenario import load_scenario
+    (folder / "s.py").write_text("")
+    path = folder / "tiny.yaml"
+    path.write_text(body + "script: s.py\n")
+    return load_scenario(path, SCENARIOS)

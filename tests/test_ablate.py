@@ -8,7 +8,7 @@ from lab.judge import Verdict
 from lab.resolve import check_ablatable, resolve
 from lab.scenario import load_scenario
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, tiny_scenario
 
 R, N, E, T = Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.ERROR, Verdict.TIMEOUT
 
@@ -46,10 +46,8 @@ def test_max_autotune_only_where_the_scenario_allows_it():
 
 
 def test_scripts_that_hard_code_the_backend_are_not_ablatable(tmp_path):
-    (tmp_path / "s.py").write_text("")
-    (tmp_path / "h.yaml").write_text('name: h\ntorch: "2.5.1"\narch: amd64\nbase: debian:bookworm\nscript: s.py\n'
-                                     'expect: {exit_code: 1}\nablation: {via: none}\n')
-    s = load_scenario(tmp_path / "h.yaml", SCENARIOS)
+    s = tiny_scenario(tmp_path, 'name: h\ntorch: "2.5.1"\narch: amd64\nbase: debian:bookworm\n'
+                                'expect: {exit_code: 1}\nablation: {via: none}\n')
     with pytest.raises(ScenarioError, match="hard-codes"):
         check_ablatable(s)
     with pytest.raises(ScenarioError, match="ablation.via"):
@@ -57,10 +55,9 @@ def test_scripts_that_hard_code_the_backend_are_not_ablatable(tmp_path):
 
 
 def test_hook_scenarios_run_through_the_runner_with_the_backend_set(tmp_path):
-    (tmp_path / "s.py").write_text("")
-    (tmp_path / "h.yaml").write_text('name: h\ntorch: "2.5.1"\narch: amd64\nbase: debian:bookworm\nscript: s.py\n'
-                                     'expect: {exit_code: 1}\nablation: {via: hook}\n')
-    case = resolve(load_scenario(tmp_path / "h.yaml", SCENARIOS), backend="inductor", mode="max-autotune")
+    s = tiny_scenario(tmp_path, 'name: h\ntorch: "2.5.1"\narch: amd64\nbase: debian:bookworm\n'
+                                'expect: {exit_code: 1}\nablation: {via: hook}\n')
+    case = resolve(s, backend="inductor", mode="max-autotune")
     env = case.run_env()
     assert case.hooked and env["LAB_COMPILE_HOOK"] == "1"
     assert env["LAB_BACKEND"] == "inductor" and env["LAB_MODE"] == "max-autotune"

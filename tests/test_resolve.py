@@ -4,7 +4,7 @@ from lab.errors import ScenarioError
 from lab.resolve import Case, base_python, resolve
 from lab.scenario import Arch, load_scenario
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, tiny_scenario
 
 
 def scenario(name="libgomp-aarch64"):
@@ -45,10 +45,8 @@ def test_arch_aliases_and_bad_arch():
 
 
 def test_several_pinned_versions_need_a_choice(tmp_path):
-    (tmp_path / "s.py").write_text("")
-    (tmp_path / "m.yaml").write_text('name: m\ntorch: ["2.5.1", "2.6.0"]\narch: amd64\nbase: debian:bookworm\n'
-                                     'script: s.py\nexpect: {exit_code: 0}\n')
-    s = load_scenario(tmp_path / "m.yaml", SCENARIOS)
+    s = tiny_scenario(tmp_path, 'name: m\ntorch: ["2.5.1", "2.6.0"]\narch: amd64\nbase: debian:bookworm\n'
+                                'expect: {exit_code: 0}\n')
     with pytest.raises(ScenarioError, match="--torch"):
         resolve(s)
     assert resolve(s, torch="2.6.0").torch == "2.6.0"
