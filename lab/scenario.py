@@ -5,6 +5,10 @@ architectures to try, the base image, extra packages, the script to run and what
 "reproduced".  `load_scenario` turns such a file into a frozen `Scenario`; anything wrong with the
 file (YAML syntax, duplicate keys, aliases, unknown keys, wrong types, missing script...) becomes a
 single-paragraph `ScenarioError` that points at the file, the line and the dotted field path.
+
+The loader is bounded, so a hostile file fails fast: at most 1 MiB, at most MAX_DEPTH levels of
+nesting, and no YAML anchors or aliases at all (a "billion laughs" file is refused at its first
+anchor, before anything is expanded).  `network` and `limits` say what the run's container may use.
 """
 
 from __future__ import annotations
@@ -44,10 +48,12 @@ __all__ = [
     "Arch",
     "Ablation",
     "Expect",
+    "Limits",
     "Scenario",
     "default_scenarios_dir",
     "list_scenarios",
     "load_scenario",
+    "parse_size",
 ]
 
 # The runtime families the loader-log analysis can tell apart (one table, in lab.loader).
@@ -96,6 +102,12 @@ _FIELD_HELP: dict[str, str] = {
     "expect.stdout_contains": "must be a non-empty text to find in the script's standard output",
     "expect.stderr_contains": "must be a non-empty text to find in the script's standard error",
     "expect.exit_code": "must be a whole number between 0 and 255",
+    "network": "must be true or false (true: the script needs network access at run time)",
+    "limits": "must be a mapping with any of memory, pids, cpus, such as {memory: 8g, pids: 4096, cpus: 2}",
+    "limits.memory": "must be a memory size such as 512m, 8g or 8GiB (binary units, at least 6 MiB), "
+    "or a whole number of bytes",
+    "limits.pids": "must be a whole number of processes between 16 and 4194304",
+    "limits.cpus": "must be a number of CPUs greater than 0 and at most 1024, such as 2 or 0.5",
 }
 
 
@@ -341,6 +353,48 @@ def _check_runtime(value: str) -> str:
     return value
 
 
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+# Docker's own reading of --memory (go-units RAMInBytes): every unit is binary, with or without "i"/"b".
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+MIN_MEMORY_BYTES = 6 << 20  # Docker refuses less than 6 MiB
+MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: anything above is a typo
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes in a Docker-style size: `512m`, `8g`, `8GiB`, `1.5g`, `1048576`; ValueError if unreadable.
+
+    Units are binary whatever their spelling (k = kb = kib = 1024), as `docker run --memory` reads them.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"not a size: {_show(value)}")
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.fullmatch(value) if len(value) <= 32 else None
+    unit = match.group(2).lower() if match else ""
+    if unit.endswith("b") and len(unit) > 1:
+        unit = unit[:-1]
+    if unit.endswith("i") and len(unit) > 1:
+        unit = unit[:-1]
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {_show(value)}")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def _check_memory(value: Any) -> str:
+    try:
+        size = parse_size(value)
+    except ValueError:
+        raise _Invalid(f"{_FIELD_HELP['limits.memory']}, got {_show(value)}") from None
+    if not MIN_MEMORY_BYTES <= size <= MAX_MEMORY_BYTES:
+        bytes_note = f" ({size} bytes)" if size < MAX_MEMORY_BYTES and isinstance(value, str) else ""
+        raise _Invalid(
+            f"{_FIELD_HELP['limits.memory']}, got {_show(value)}{bytes_note}",
+            hint="Docker refuses less than 6 MiB; 8g is the default." if size < MIN_MEMORY_BYTES
+            else "That is more than 1 PiB; 8g is the default.",
+        )
+    return str(value).strip()
+
+
 def _check_non_empty(value: str) -> str:
     if not value:
         raise _Invalid("must not be empty: an empty text is found in any output")
@@ -402,6 +456,27 @@ class Ablation(BaseModel):
     max_autotune: bool = Field(default=False, strict=True)
 
 
+class Limits(BaseModel):
+    """What the run's container may use. Every key is optional.
+
+    `memory`: a Docker-style size (`512m`, `8g`, `8GiB`, `1.5g`, or bytes), default 8g, kept as written;
+    give the engine `memory_bytes`, which reads it the way `docker run --memory` does.
+    `pids`: the most processes and threads at once, default 4096 (a fork bomb stops there).
+    `cpus`: a CPU quota such as 2 or 0.5; default None: every host core.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory: Annotated[str, BeforeValidator(_check_memory)] = "8g"
+    pids: int = Field(default=4096, ge=16, le=4194304, strict=True)
+    cpus: float | None = Field(default=None, gt=0, le=1024, strict=True, allow_inf_nan=False)
+
+    @property
+    def memory_bytes(self) -> int:
+        """`memory` in bytes, as Docker reads it."""
+        return parse_size(self.memory)
+
+
 class Scenario(BaseModel):
     """One reproduction scenario, as read from a YAML file (see the module docstring)."""
 
@@ -427,6 +502,8 @@ class Scenario(BaseModel):
     timeout: int = Field(default=1200, ge=1, le=86400, strict=True)
     expect: Expect
     ablation: Ablation = Field(default_factory=Ablation)
+    network: bool = Field(default=False, strict=True)
+    limits: Annotated[Limits, BeforeValidator(_none_to_dict)] = Field(default_factory=Limits)
     source: Path | None = None
 
     @field_validator("cpu_variant")
@@ -755,8 +832,11 @@ def _help_for(path: _Path) -> str | None:
     return None
 
 
+_SUB_MODELS: dict[_Path, type[BaseModel]] = {("expect",): Expect, ("ablation",): Ablation, ("limits",): Limits}
+
+
 def _allowed_keys(parent: _Path) -> list[str]:
-    model: type[BaseModel] = Expect if parent == ("expect",) else Scenario
+    model = _SUB_MODELS.get(parent, Scenario)
     return [name for name in model.model_fields if name != "source"]
 
 

@@ -17,10 +17,12 @@ from lab.scenario import (
     KNOWN_RUNTIME_FAMILIES,
     Arch,
     Expect,
+    Limits,
     Scenario,
     default_scenarios_dir,
     list_scenarios,
     load_scenario,
+    parse_size,
 )
 
 DATA = Path(__file__).parent / "data" / "scenarios"
@@ -420,3 +422,91 @@ def test_fuzz_byte_mutations(fuzz_dir: Path, mutations: list[tuple[str, int, int
 def test_fuzz_baseline_is_valid(fuzz_dir: Path) -> None:
     load_bytes(fuzz_dir, VALID)
     assert load_scenario(fuzz_dir / "fuzz.yaml").name == "full-cuda"
+
+
+# --------------------------------------------------------------------------- network and limits
+
+
+def test_network_and_limits_defaults() -> None:
+    s = load_scenario(GOOD / "minimal.yaml")
+    assert s.network is False
+    assert s.limits == Limits() and s.limits.memory == "8g" and s.limits.memory_bytes == 8 << 30
+    assert s.limits.pids == 4096 and s.limits.cpus is None
+
+
+@pytest.mark.parametrize(("extra", "memory", "pids", "cpus"), [
+    ("limits: {memory: 512m}\n", 512 << 20, 4096, None),
+    ("limits: {memory: 8GiB, pids: 100, cpus: 0.5}\n", 8 << 30, 100, 0.5),
+    ("limits: {memory: 2gb, cpus: 2}\n", 2 << 30, 4096, 2.0),
+    ("limits: {memory: 1.5g}\n", 3 << 29, 4096, None),
+    ("limits: {memory: 1073741824}\n", 1 << 30, 4096, None),
+    ("limits:\n  pids: 16\n", 8 << 30, 16, None),
+    ("limits:\n", 8 << 30, 4096, None),
+])
+def test_limits_load(tmp_path: Path, extra: str, memory: int, pids: int, cpus: float | None) -> None:
+    limits = load_scenario(write(tmp_path, BASE + extra)).limits
+    assert (limits.memory_bytes, limits.pids, limits.cpus) == (memory, pids, cpus)
+
+
+def test_network_loads(tmp_path: Path) -> None:
+    assert load_scenario(write(tmp_path, BASE + "network: true\n")).network is True
+
+
+def test_parse_size() -> None:
+    assert parse_size("512m") == parse_size("512MiB") == parse_size("512 MB") == 512 << 20
+    assert parse_size("8g") == parse_size("8G") == parse_size("8GiB") == 8 << 30
+    assert parse_size("1k") == 1024 and parse_size("7") == parse_size(7) == 7 and parse_size("1t") == 1 << 40
+    for bad in ("", "g", "8 x", "8gg", "-1g", "1e9", "8 gibibytes", True, None, 1.5):
+        with pytest.raises(ValueError):
+            parse_size(bad)  # type: ignore[arg-type]
+
+
+LIMITS_BAD = [
+    ("network-int", "network: 1\n", "network", "must be true or false"),
+    ("network-text", "network: sometimes\n", "network", "must be true or false"),
+    ("memory-bytes-too-small", "limits: {memory: 512}\n", "limits.memory", "Docker refuses less than 6 MiB"),
+    ("memory-unit", "limits: {memory: 12x}\n", "limits.memory", "such as 512m, 8g or 8GiB"),
+    ("memory-float", "limits: {memory: 1.5}\n", "limits.memory", "got 1.5."),
+    ("memory-huge", f"limits: {{memory: {10**100}}}\n", "limits.memory", "more than 1 PiB"),
+    ("memory-list", "limits: {memory: [8g]}\n", "limits.memory", "got ['8g']"),
+    ("pids-low", "limits: {pids: 8}\n", "limits.pids", "between 16 and 4194304, got 8"),
+    ("pids-bool", "limits: {pids: true}\n", "limits.pids", "got True"),
+    ("pids-text", "limits: {pids: many}\n", "limits.pids", "got 'many'"),
+    ("cpus-zero", "limits: {cpus: 0}\n", "limits.cpus", "greater than 0"),
+    ("cpus-nan", "limits: {cpus: .nan}\n", "limits.cpus", "got nan"),
+    ("cpus-inf", "limits: {cpus: .inf}\n", "limits.cpus", "got inf"),
+    ("cpus-text", "limits: {cpus: '2'}\n", "limits.cpus", "such as 2 or 0.5"),
+    ("limits-unknown", "limits: {cpu: 2}\n", "limits.cpu", "Did you mean `cpus`?"),
+    ("limits-list", "limits: [8g]\n", "limits", "must be a mapping with any of memory, pids, cpus"),
+    ("ablation-unknown", "ablation: {vai: env}\n", "ablation.vai", "the allowed keys are: via, max_autotune"),
+]
+
+
+@pytest.mark.parametrize(("extra", "field", "fragment"), [c[1:] for c in LIMITS_BAD],
+                         ids=[c[0] for c in LIMITS_BAD])
+def test_network_and_limits_errors(tmp_path: Path, extra: str, field: str, fragment: str) -> None:
+    check_error(write(tmp_path, BASE + extra), 8, field, fragment)
+
+
+def test_limits_programmatic() -> None:
+    assert Limits(memory=1 << 30).memory == str(1 << 30)
+    with pytest.raises(ValidationError):
+        Limits(pids=4096, swap="1g")  # type: ignore[call-arg]
+
+
+# --------------------------------------------------------------------------- YAML bombs
+
+
+@pytest.mark.timeout(20)
+def test_billion_laughs_fails_fast(tmp_path: Path) -> None:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 40)]
+    err = check_error(write(tmp_path, BASE + "\n".join(lines) + "\n"), 8, None, "anchors and aliases")
+    assert "Write the value out in full" in str(err)
+
+
+@pytest.mark.timeout(20)
+def test_alias_without_anchor_and_merge_bomb(tmp_path: Path) -> None:
+    check_error(write(tmp_path, BASE + "env: *nowhere\n"), 8, None, "anchors and aliases")
+    bomb = BASE + "x: &x {a: 1}\n" + "".join(f"y{i}: {{<<: [*x, *x, *x]}}\n" for i in range(1000))
+    check_error(write(tmp_path, bomb), 8, None, "anchors and aliases")
