@@ -1,0 +1,179 @@
+"""Keep secrets and the user's home path out of anything the lab hands to someone else (bundles).
+
+The rules, each a function of its own:
+
+- `is_secret_name`: an environment variable whose name says it holds a secret: it contains TOKEN,
+  KEY, SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL or `_AUTH` (or starts with AUTH), in any
+  case.  Whole `_`-separated words that only look like one are not secrets: KEYBOARD, KEYMAP,
+  KEYRING (PIP_KEYRING_PROVIDER names a mechanism, its value "subprocess" must not be blanked out
+  of every log), TOKENIZER(S) (TOKENIZERS_PARALLELISM) and AUTHOR(S) (GIT_AUTHOR_NAME).  A word
+  that merely contains one of them still counts: KEYRING_PASSWORD and HTTP_AUTHORIZATION are secret.
+- `scrub_env`: drops secret-named variables from a mapping and strips URL credentials from the rest.
+- `strip_url_credentials`: `https://user:pass@host/x` and `https://token@host/x` become
+  `https://host/x`, wherever a URL appears in a text.
+- `home_to_tilde`: the user's home folder, as a path prefix, becomes `~`.
+- `scrub_text`: all of the above on a text file's contents, plus:
+  * the values of secret-named variables of the given environment are replaced by `***` wherever
+    they appear literally, when at least 6 characters long (shorter ones would blank out common
+    words);
+  * assignments to secret-named variables keep the name and lose the value: `GH_TOKEN=abc` becomes
+    `GH_TOKEN=***`, a YAML line `  HF_TOKEN: abc` becomes `  HF_TOKEN: "***"` (quoted, since a
+    bare `*` starts a YAML alias), a JSON pair `"API_KEY": "abc"` becomes `"API_KEY": "***"`,
+    and an `Authorization:` header line loses its credentials.  The line stays, so a reader still
+    sees that the variable was set.  Only upper-case names count here: a lower-case `key=len` is
+    program text (a repro script), not an environment variable.  A YAML block scalar
+    (`TOKEN: |`) keeps its following lines; its value is caught only when it is in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+__all__ = [
+    "MIN_SECRET_VALUE_LEN",
+    "MASK",
+    "home_to_tilde",
+    "is_secret_name",
+    "scrub_env",
+    "scrub_text",
+    "secret_values",
+    "strip_url_credentials",
+]
+
+MASK = "***"
+MIN_SECRET_VALUE_LEN = 6
+
+_SECRET_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "_AUTH")
+_HARMLESS_WORDS = frozenset({"KEYBOARD", "KEYMAP", "KEYRING", "TOKENIZER", "TOKENIZERS", "AUTHOR", "AUTHORS"})
+
+# A URL's user information: what follows `scheme://` up to the last `@` before the host ends.
+_URL_USERINFO = re.compile(r"(?<=://)[^\s/?#@'\"<>`\\]*(?:@[^\s/?#@'\"<>`\\]*)*@")
+_ENV_NAME = r"[A-Z_][A-Z0-9_]*"
+# NAME=value, as in env dumps, `-e NAME=value`, `export NAME=value`, Dockerfile `ENV NAME=value`.
+_ASSIGN = re.compile(rf"(?<![\w$.-])({_ENV_NAME})=(\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"]+)")
+# "NAME": "value" or 'NAME': 'value' (JSON, Python reprs).
+_QUOTED_PAIR = re.compile(rf"([\"'])({_ENV_NAME})\1(\s*:\s*)([\"'])((?:\\.|(?!\4)[^\\\n])*)\4")
+# A YAML mapping line:   NAME: value
+_YAML_LINE = re.compile(rf"^([ \t]*(?:-[ \t]+)?)({_ENV_NAME})([ \t]*:[ \t]+)(\S[^\n]*)$", re.MULTILINE)
+_AUTH_HEADER = re.compile(r"^([ \t]*(?:proxy-)?authorization[ \t]*:[ \t]*)(\S[^\n]*)$",
+                          re.MULTILINE | re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable's name says it holds a token, key, password or credential."""
+    words = [w for w in name.upper().split("_") if w not in _HARMLESS_WORDS]
+    folded = "_" + "_".join(words)
+    return any(part in folded for part in _SECRET_PARTS)
+
+
+def secret_values(env: Mapping[str, str]) -> list[str]:
+    """The values of env's secret-named variables long enough to replace safely, longest first."""
+    values = {v for k, v in env.items() if is_secret_name(k) and isinstance(v, str)
+              and len(v) >= MIN_SECRET_VALUE_LEN}
+    return sorted(values, key=lambda v: (-len(v), v))
+
+
+def scrub_env(mapping: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(kept, dropped names): secret-named variables dropped, URL credentials stripped from the rest."""
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for name, value in mapping.items():
+        if is_secret_name(name):
+            dropped.append(name)
+        else:
+            kept[name] = strip_url_credentials(value)
+    return kept, sorted(dropped)
+
+
+def strip_url_credentials(text: str) -> str:
+    """Remove `user:pass@` / `token@` from every URL in the text; the rest of each URL stays."""
+    if "://" not in text:
+        return text
+    return _URL_USERINFO.sub("", text)
+
+
+def _homes(candidates: Iterable[str | Path | None]) -> list[str]:
+    """Absolute, non-root home paths (and their real paths), longest first."""
+    found: set[str] = set()
+    for candidate in candidates:
+        if not candidate:
+            continue
+        for path in (str(candidate), os.path.realpath(candidate)):
+            path = path.rstrip("/")
+            if len(path) >= 2 and path.startswith("/"):
+                found.add(path)
+    return sorted(found, key=lambda p: (-len(p), p))
+
+
+def _default_homes(env: Mapping[str, str]) -> list[str | Path | None]:
+    try:
+        user_home: Path | None = Path.home()
+    except (KeyError, RuntimeError):  # no passwd entry and no $HOME
+        user_home = None
+    return [user_home, env.get("HOME")]
+
+
+def _replace_homes(text: str, homes: list[str]) -> str:
+    for path in homes:
+        if path not in text:
+            continue
+        pattern = re.compile(r"(?:(?<![\w.~/$-])|(?<=://))" + re.escape(path) + r"(?![\w.-])")
+        text = pattern.sub("~", text)
+    return text
+
+
+def home_to_tilde(text: str, home: str | Path | None = None) -> str:
+    """Replace the user's home folder (`home`, else Path.home() and $HOME) by `~` where it starts a path.
+
+    `/home/ana/x` becomes `~/x`; `/home/anabel`, `/srv/home/ana` and `/home/ana.bak` stay as they are.
+    """
+    return _replace_homes(text, _homes([home] if home is not None else _default_homes(os.environ)))
+
+
+def _mask_assignment(match: re.Match[str]) -> str:
+    name = match.group(1)
+    return f"{name}={MASK}" if is_secret_name(name) else match.group(0)
+
+
+def _mask_quoted_pair(match: re.Match[str]) -> str:
+    quote, name, colon, vquote = match.group(1, 2, 3, 4)
+    if not is_secret_name(name):
+        return match.group(0)
+    return f"{quote}{name}{quote}{colon}{vquote}{MASK}{vquote}"
+
+
+def _mask_yaml_line(match: re.Match[str]) -> str:
+    indent, name, colon, value = match.group(1, 2, 3, 4)
+    if not is_secret_name(name) or value.startswith(("|", ">", "#")):
+        return match.group(0)
+    return f'{indent}{name}{colon}"{MASK}"'
+
+
+def _mask_values(text: str, values: list[str]) -> str:
+    # Each replacement shortens the text (values are longer than the mask), so this ends.
+    while any(value in text for value in values):
+        for value in values:
+            text = text.replace(value, MASK)
+    return text
+
+
+def scrub_text(text: str, env: Mapping[str, str] | None = None, *, home: str | Path | None = None) -> str:
+    """Apply every rule of this module to a text file's contents (see the module docstring).
+
+    `env` defaults to os.environ; `home` to Path.home() and env's HOME.
+    """
+    env = os.environ if env is None else env
+    values = secret_values(env)
+    homes = _homes([home] if home is not None else _default_homes(env))
+    text = _mask_values(text, values)
+    text = _ASSIGN.sub(_mask_assignment, text)
+    text = _QUOTED_PAIR.sub(_mask_quoted_pair, text)
+    text = _YAML_LINE.sub(_mask_yaml_line, text)
+    text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    text = strip_url_credentials(text)
+    text = _replace_homes(text, homes)
+    # The rules above remove text, which could join two pieces into a secret again: mask once more.
+    return _mask_values(text, values)
