@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .loader import DuplicateRuntime, describe, find_duplicate_runtimes, parse_dir
-from .records import RawRun
+from .records import EMULATOR_CRASH, RawRun, RunLimits, format_bytes
 from .tracebacks import ExceptionInfo, extract_exceptions
 
-EMULATOR_CRASH = "qemu: uncaught target signal"
 _TAIL_BYTES = 64 * 1024
 
 
@@ -24,6 +23,18 @@ class Evidence:
     duplicate_runtimes: tuple[DuplicateRuntime, ...]
     exceptions: tuple[ExceptionInfo, ...]  # every traceback in stderr, in order
     emulator_crash: str | None           # the QEMU line, when the emulator itself crashed
+    limits: RunLimits | None = None      # how the container was confined
+    stopped_for: str | None = None       # why the lab stopped the container early
+
+    @property
+    def memory_limit(self) -> str | None:
+        return format_bytes(self.limits.memory_bytes) if self.limits and self.limits.memory_bytes else None
+
+    @property
+    def oom_words(self) -> str:
+        """'killed: out of memory (limit 8 GiB)'."""
+        limit = self.memory_limit
+        return "killed: out of memory" + (f" (limit {limit})" if limit else "")
 
     @property
     def exception(self) -> ExceptionInfo | None:
@@ -41,9 +52,10 @@ class Evidence:
             if gb and gb.user_code:
                 lines.append("in user code: " + _user_frame(gb.user_code[-1]))
         if self.emulator_crash:
-            lines.append(f"the emulator crashed: `{self.emulator_crash}`")
+            lines.append(f"the emulator crashed: `{self.emulator_crash}`"
+                         + ("; the lab stopped the container" if self.stopped_for else ""))
         if self.oom_killed:
-            lines.append("the container was killed: out of memory")
+            lines.append(f"the container was {self.oom_words}")
         if self.timed_out:
             lines.append(f"the run was killed after {self.duration_s:.0f} s (timeout)")
         elif self.exit_code is not None:
@@ -66,6 +78,10 @@ class Evidence:
             "exception": None if exc is None else _exception_json(exc),
             "exceptions": [_exception_json(e) for e in self.exceptions],
             "emulator_crash": self.emulator_crash,
+            "stopped_for": self.stopped_for,
+            "limits": None if self.limits is None else {
+                "memory_bytes": self.limits.memory_bytes, "pids": self.limits.pids,
+                "cpus": self.limits.cpus, "network": self.limits.network},
         }
 
 
@@ -110,4 +126,6 @@ def analyze(raw: RawRun) -> Evidence:
         duplicate_runtimes=tuple(find_duplicate_runtimes(procs)),
         exceptions=tuple(extract_exceptions(stderr)),
         emulator_crash=crash,
+        limits=raw.limits,
+        stopped_for=raw.stopped_for,
     )

@@ -170,8 +170,10 @@ def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -
 @app.command()
 def run(
     scenario: ScenarioArg,
-    torch: TorchOpt = None,
-    arch: ArchOpt = None,
+    torch: Annotated[str | None, typer.Option("--torch", help="torch version, or a comma-separated list for "
+                                              "a matrix (default: the scenario's).")] = None,
+    arch: Annotated[str | None, typer.Option("--arch", help="amd64, arm64, or both: amd64,arm64 "
+                                             "(default: the scenario's).")] = None,
     backend: Annotated[str | None, typer.Option(help="eager, aot_eager or inductor (sets LAB_BACKEND).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Scenario variable NAME=VALUE.")] = None,
@@ -182,29 +184,82 @@ def run(
                                            "TORCH_TRACE in a second run.")] = True,
     compile_debug: Annotated[bool, typer.Option("--compile-debug", help="Also run the diagnose step with "
                                                 "TORCH_COMPILE_DEBUG=1 (output in diagnose/compile_debug/).")] = False,
+    select_k: Annotated[str | None, typer.Option("-k", help="Run only the matrix cells whose name matches, "
+                                                 'e.g. -k "arch=arm64 and not 2.5.1".')] = None,
+    repeat: Annotated[int, typer.Option("--repeat", help="Run each case N times and report a reproduction "
+                                        "rate (for flaky bugs).")] = 1,
+    allow_network: Annotated[bool, typer.Option("--allow-network", help="Let the script use the network, "
+                                                "for scenarios that ask for it (network: true).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Build and run a scenario, analyse what happened and write a report."""
+    """Build and run a scenario (or a matrix of versions x arches), analyse what happened and write a report."""
     def body() -> None:
         from .engine import Engine
         from .hostpip import discover
-        from .pipeline import run_case
+        from .matrix import expand, select, split_list
+        from .pipeline import run_case, run_limits
+        from .resolve import parse_arch
         if ablate and (backend or mode):
             raise ScenarioError("--ablate runs every backend; leave out --backend and --mode.", field="--ablate")
-        case = _case(scenario, torch, arch, backend, sets, mode)
+        versions = split_list(torch, "--torch")
+        arches = [parse_arch(a) for a in split_list(arch, "--arch") or []] or None
+        cases = select(expand(_load(scenario), versions, arches, backend, _parse_sets(sets or []), mode), select_k)
+        if not cases:
+            raise ScenarioError(f"-k {select_k!r} matches no cell.", field="-k")
+        if repeat < 1:
+            raise ScenarioError(f"--repeat must be 1 or more, not {repeat}.", field="--repeat")
+        if ablate and (len(cases) > 1 or repeat > 1):
+            raise ScenarioError("--ablate runs one case: choose one torch version and one arch.", field="--ablate")
+        for c in cases:
+            run_limits(c, allow_network)  # refuse before anything is built
         engine = Engine.connect()
         runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
-        err.print(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
-        if ablate:
-            _ablate(case, engine, discover(), runs_root, as_json)
+        if len(cases) == 1 and repeat == 1:
+            case = cases[0]
+            err.print(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
+            if ablate:
+                _ablate(case, engine, discover(), runs_root, as_json)
+                return
+            with Progress() as progress:
+                outcome = run_case(case, engine, discover(), runs_root, progress, diagnose=diagnose,
+                                   compile_debug=compile_debug, allow_network=allow_network)
+            _print_outcome(outcome)
+            if as_json:
+                out.print(json.dumps(outcome.result), markup=False)
             return
-        with Progress() as progress:
-            outcome = run_case(case, engine, discover(), runs_root, progress, diagnose=diagnose,
-                               compile_debug=compile_debug)
-        _print_outcome(outcome)
-        if as_json:
-            out.print(json.dumps(outcome.result), markup=False)
+        _matrix(cases, engine, discover(), runs_root, repeat, as_json,
+                dict(diagnose=diagnose, compile_debug=compile_debug, allow_network=allow_network))
     _guard(body)
+
+
+def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
+    from .matrix import matrix_json, run_matrix
+    from .pipeline import run_case
+
+    err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "") + ":")
+    for c in cases:
+        err.print(f"  {escape(c.name)}" + (" (emulated)" if c.arch != engine.arch else ""))
+
+    def run_one(case, i: int) -> dict:
+        err.print(f"[bold]{escape(case.name)}[/]" + (f" run {i + 1}/{repeat}" if repeat > 1 else ""))
+        opts = dict(options)
+        if i > 0:  # the diagnose step says the same thing every time
+            opts["diagnose"] = opts["compile_debug"] = False
+        with Progress() as progress:
+            outcome = run_case(case, engine, host, runs_root, progress, **opts)
+        _print_outcome(outcome)
+        return outcome.result
+
+    cells = run_matrix(cases, run_one, repeat)
+    table = Table("cell", "verdict", *(["rate"] if repeat > 1 else []), "run folder")
+    for cell in cells:
+        colour = _COLOURS.get(cell.verdict, "bold")
+        last = cell.results[-1].get("run_dir", "") if cell.results else ""
+        table.add_row(escape(cell.name), f"[{colour}]{cell.verdict}[/]",
+                      *([cell.rate_words()] if repeat > 1 else []), escape(str(last)))
+    err.print(table)
+    if as_json:
+        out.print(json.dumps(matrix_json(cases[0].scenario, cells)), markup=False)
 
 
 def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
@@ -225,7 +280,7 @@ def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
 
 
 _COLOURS = {"reproduced": "bold red", "not_reproduced": "bold green", "error": "bold yellow",
-            "timeout": "bold yellow"}
+            "timeout": "bold yellow", "flaky": "bold magenta", "mixed": "bold magenta"}
 
 
 def _print_outcome(outcome) -> None:

@@ -21,7 +21,7 @@ import requests.exceptions
 from docker.types import Ulimit
 
 from .errors import BuildError, EngineError
-from .records import Events, RawRun
+from .records import EMULATOR_CRASH, Events, RawRun, RunLimits
 from .render import BuildPlan, write_context
 from .scenario import Arch
 
@@ -29,6 +29,9 @@ LABEL = "org.torch-repro-lab.managed"
 LABELS = {LABEL: "true"}
 OUT_IN_CONTAINER = "/out"
 _POLL_S = 2.0
+# After QEMU's crash line (seen with aarch64 torch 2.13.0 and 2.15.0 under qemu-user 7.2) the
+# crashed process can run on for 20+ minutes, so the lab stops the container itself.
+_CRASH_GRACE_S = 5.0
 
 
 class Engine:
@@ -146,20 +149,26 @@ class Engine:
 
     # --- containers ----------------------------------------------------------
     def run(self, image: str, command: list[str], env: dict[str, str], mount_dir: Path, logs_dir: Path,
-            arch: Arch, timeout: float, labels: dict[str, str], events: Events) -> RawRun:
+            arch: Arch, timeout: float, labels: dict[str, str], events: Events,
+            limits: RunLimits | None = None) -> RawRun:
         """Run `command` with `mount_dir` mounted at /out; stdout/stderr go to files in `logs_dir`.
 
-        The timeout is enforced by killing the container through the engine; the
-        container is removed whatever happens, Ctrl-C included.
+        The script is untrusted: the container gets no network (unless `limits.network`), no
+        capabilities, no-new-privileges, limits on memory, pids and CPUs, and no mount but /out.
+        The timeout is enforced by killing the container through the engine, and so is an
+        emulator crash; the container is removed whatever happens, Ctrl-C included.
         """
+        limits = limits or RunLimits()
         mount_dir.mkdir(parents=True, exist_ok=True)
-        container = self._create(image, command, env, arch, labels,
+        container = self._create(image, command, env, arch, labels, limits=limits,
                                  volumes={str(mount_dir.resolve()): {"bind": OUT_IN_CONTAINER, "mode": "rw"}})
         timed_out = False
         started = time.monotonic()
+        emulated = arch != self.arch
         try:
             container.start()
-            exit_code, timed_out = self._wait(container, timeout, started, events)
+            exit_code, timed_out, stopped_for = self._wait(container, timeout, started, events,
+                                                           watch_crash=emulated)
             duration = time.monotonic() - started
             container.reload()
             oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
@@ -170,15 +179,17 @@ class Engine:
             _remove(container)
         return RawRun(exit_code=exit_code, timed_out=timed_out, oom_killed=oom, duration_s=duration,
                       stdout_path=stdout_path, stderr_path=stderr_path, loader_dir=mount_dir / "ld",
-                      emulated=arch != self.arch, command=tuple(command), env=tuple(sorted(env.items())))
+                      emulated=emulated, command=tuple(command), env=tuple(sorted(env.items())),
+                      limits=limits, stopped_for=stopped_for)
 
     def output_of(self, image: str, command: list[str], arch: Arch, timeout: float,
                   labels: dict[str, str]) -> tuple[int | None, str]:
         """Run a short command in `image` and return (exit code, combined output)."""
-        container = self._create(image, command, {}, arch, labels)
+        container = self._create(image, command, {}, arch, labels, limits=RunLimits())
         try:
             container.start()
-            exit_code, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None)
+            exit_code, _, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None,
+                                         watch_crash=arch != self.arch)
             output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
         finally:
             _remove(container)
@@ -201,27 +212,35 @@ class Engine:
             _remove(container)
 
     def _create(self, image: str, command: list[str], env: dict[str, str], arch: Arch,
-                labels: dict[str, str], volumes: dict | None = None):
+                labels: dict[str, str], limits: RunLimits, volumes: dict | None = None):
         try:
-            return self.client.containers.create(
-                image, command=command, environment=env, volumes=volumes or {},
-                labels={**LABELS, **labels}, platform=arch.platform, detach=True,
-                network_mode="none", ulimits=[Ulimit(name="core", soft=0, hard=0)])
+            return self.client.containers.create(image, command=command, environment=env,
+                                                 **container_options(arch, {**LABELS, **labels}, limits, volumes))
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine could not create a container from {image}: {_short(exc)}") from None
 
-    def _wait(self, container, timeout: float, started: float, events: Events) -> tuple[int | None, bool]:
+    def _wait(self, container, timeout: float, started: float, events: Events,
+              watch_crash: bool = False) -> tuple[int | None, bool, str | None]:
+        """Wait for the container: (exit code, timed out, why the lab stopped it early)."""
+        crashed_at: float | None = None
         while True:
-            left = timeout - (time.monotonic() - started)
+            now = time.monotonic()
+            left = timeout - (now - started)
             if left <= 0:
                 events("run", f"timeout after {timeout:.0f} s: killing the container")
                 _kill(container)
-                return None, True
+                return None, True, None
+            if crashed_at is not None and now - crashed_at >= _CRASH_GRACE_S:
+                events("run", "the emulator crashed (qemu: uncaught target signal): stopping the container")
+                _kill(container)
+                return _exit_code_after_kill(container), False, "emulator crash"
             try:
                 result = container.wait(timeout=min(_POLL_S, left))
-                return int(result.get("StatusCode", -1)), False
+                return int(result.get("StatusCode", -1)), False, None
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 events("run", f"{time.monotonic() - started:.0f} s")
+            if watch_crash and crashed_at is None and _emulator_crashed(container):
+                crashed_at = time.monotonic()
 
     # --- housekeeping --------------------------------------------------------
     def remove_managed(self) -> tuple[int, int]:
@@ -241,6 +260,37 @@ class Engine:
 
     def managed_containers(self) -> list[str]:
         return [c.name for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}=true"})]
+
+
+def container_options(arch: Arch, labels: dict[str, str], limits: RunLimits, volumes: dict | None) -> dict:
+    """The confinement of every container the lab starts (see `Engine.run`)."""
+    options: dict = dict(
+        volumes=volumes or {}, labels=labels, platform=arch.platform, detach=True,
+        network_mode="bridge" if limits.network else "none",
+        cap_drop=["ALL"], security_opt=["no-new-privileges"],
+        ulimits=[Ulimit(name="core", soft=0, hard=0)])
+    if limits.memory_bytes:
+        options.update(mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes)
+    if limits.pids:
+        options["pids_limit"] = limits.pids
+    if limits.cpus:
+        options["nano_cpus"] = int(limits.cpus * 1e9)
+    return options
+
+
+def _emulator_crashed(container) -> bool:
+    try:
+        tail = container.logs(stdout=False, stderr=True, tail=50)
+    except docker.errors.APIError:
+        return False
+    return EMULATOR_CRASH.encode() in tail
+
+
+def _exit_code_after_kill(container) -> int | None:
+    try:
+        return int(container.wait(timeout=30).get("StatusCode", -1))
+    except (docker.errors.APIError, requests.exceptions.RequestException):
+        return None
 
 
 def _save_logs(container, path: Path, stdout: bool) -> None:

@@ -58,7 +58,7 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
     if ev.emulator_crash and not all(c.held for c in checks):
         return Judgement(Verdict.ERROR, "crashed under emulation; confirm on native arm64", checks)
     if ev.oom_killed and not all(c.held for c in checks):
-        return Judgement(Verdict.ERROR, "killed: out of memory", checks)
+        return Judgement(Verdict.ERROR, ev.oom_words, checks)
     broken = _broken_environment(ev)
     if broken and not all(c.held for c in checks):
         return Judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)

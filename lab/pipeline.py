@@ -11,10 +11,10 @@ from .analyze import analyze, read_text
 from .build import build_image
 from .dynamo import Diagnostics, load_diagnostics
 from .engine import Engine
-from .errors import BuildError, LabError, NoGpuRuntimeError
+from .errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from .hostpip import HostPip
 from .judge import Judgement, build_failed, judge
-from .records import Events, no_events
+from .records import Events, RunLimits, no_events
 from .render import RUNNER_IN_IMAGE, plan_build
 from .resolve import Case
 
@@ -39,14 +39,30 @@ def check_gpu(case: Case, engine: Engine) -> None:
             f"(runtimes: {', '.join(sorted(engine.info().get('Runtimes') or {})) or 'none'}).", hint=hint)
 
 
+def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
+    """The confinement of the case's containers: the scenario's limits (or the defaults), and network
+    only when the scenario asks for it and the user confirmed with --allow-network."""
+    if case.scenario.network and not allow_network:
+        raise ScenarioError(
+            f"{case.scenario.name} asks for network access while its script runs (network: true); the script "
+            "comes from a bug report, so the lab runs it without network unless you confirm.",
+            file=str(case.scenario.source), field="network",
+            hint="Read the script, then rerun with --allow-network.")
+    lim = case.scenario.limits
+    return RunLimits(memory_bytes=lim.memory_bytes, pids=lim.pids, cpus=lim.cpus,
+                     network=case.scenario.network and allow_network)
+
+
 def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
-             *, run_dir: Path | None = None, diagnose: bool = True, compile_debug: bool = False) -> RunOutcome:
+             *, run_dir: Path | None = None, diagnose: bool = True, compile_debug: bool = False,
+             allow_network: bool = False) -> RunOutcome:
     """Build (or reuse) the image, run the script, diagnose it, judge it and write the run folder.
 
     The diagnose step is a second container of the same image; the scenario's own run stays
     unchanged. It runs when asked, and always when an expectation needs it (graph_breaks).
     """
     check_gpu(case, engine)
+    limits = run_limits(case, allow_network)
     plan = plan_build(case, host)
     started = datetime.now(timezone.utc)
     run_dir = run_dir or report.new_run_dir(runs_root, case, started)
@@ -63,11 +79,11 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
             return RunOutcome(run_dir, report.write_results(rec), judgement)
         report.write_scenario(run_dir, case, image.base)
         _save_freeze(engine, image.tag, run_dir)
-        raw = _run_script(case, engine, image.tag, run_dir, events)
+        raw = _run_script(case, engine, image.tag, run_dir, events, limits)
         diagnostics = None
         wanted = diagnose or compile_debug or case.scenario.expect.graph_breaks is not None
         if wanted and not raw.timed_out:  # a hung script would only hang a second time
-            diagnostics = _diagnose(case, engine, image.tag, run_dir, events, compile_debug)
+            diagnostics = _diagnose(case, engine, image.tag, run_dir, events, limits, compile_debug)
         events("collect_env", "python -m torch.utils.collect_env")
         collect_env = _collect_env(engine, image.tag, case)
         evidence = analyze(raw)
@@ -89,19 +105,19 @@ def _command(case: Case, through_runner: bool) -> list[str]:
     return ["python", RUNNER_IN_IMAGE, *script] if through_runner else ["python", *script]
 
 
-def _run_script(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events):
+def _run_script(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events, limits: RunLimits):
     env = case.run_env()
     env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": "/out/ld/ld"})
     (run_dir / "out" / "ld").mkdir(parents=True, exist_ok=True)
     command = _command(case, through_runner=case.hooked)
-    events("run", f"running {' '.join(command)} (timeout {case.scenario.timeout} s"
+    events("run", f"running {' '.join(command)} (timeout {case.scenario.timeout} s, {limits.describe()}"
                   f"{', emulated' if case.arch != engine.arch else ''})")
     return engine.run(tag, command, env, mount_dir=run_dir / "out", logs_dir=run_dir, arch=case.arch,
-                      timeout=case.scenario.timeout,
-                      labels={"org.torch-repro-lab.case": case.name}, events=events)
+                      timeout=case.scenario.timeout, labels={"org.torch-repro-lab.case": case.name},
+                      events=events, limits=limits)
 
 
-def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events,
+def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events, limits: RunLimits,
               compile_debug: bool = False) -> Diagnostics:
     """What the torch.compile FAQ says to collect: explain's graph breaks, recompile reasons,
     compile time by phase, and a TORCH_TRACE folder (for tlparse); with `compile_debug`, also
@@ -117,7 +133,7 @@ def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Event
     raw = engine.run(tag, _command(case, through_runner=True), env, mount_dir=folder, logs_dir=folder,
                      arch=case.arch, timeout=case.scenario.timeout,
                      labels={"org.torch-repro-lab.case": case.name, "org.torch-repro-lab.step": "diagnose"},
-                     events=events)
+                     events=events, limits=limits)
     diagnostics = load_diagnostics(folder / "diag", folder / "trace", read_text(raw.stderr_path))
     notes = ["the diagnose run timed out; what it wrote before that is kept"] if raw.timed_out else []
     if compile_debug:

@@ -6,6 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+# QEMU's last words when the emulator itself crashes (not the bug, and not its absence).
+EMULATOR_CRASH = "qemu: uncaught target signal"
+
 # Progress events: (stage, message). Stages: "base", "build", "run", "collect_env".
 # Only the CLI shows them; the pipeline just emits.
 Events = Callable[[str, str], None]
@@ -36,6 +39,34 @@ class BuiltImage:
 
 
 @dataclass(frozen=True, slots=True)
+class RunLimits:
+    """How a repro container is confined. The script comes from a bug report: it is untrusted."""
+
+    memory_bytes: int | None = 8 * 1024**3   # RAM, with no swap on top
+    pids: int | None = 4096
+    cpus: float | None = None                # None: every core the engine has
+    network: bool = False                    # False: network_mode="none"
+
+    def describe(self) -> str:
+        parts = [f"memory {format_bytes(self.memory_bytes)}" if self.memory_bytes else "memory unlimited",
+                 f"pids {self.pids}" if self.pids else "pids unlimited",
+                 f"cpus {self.cpus:g}" if self.cpus else "all cpus",
+                 "network on" if self.network else "no network"]
+        return ", ".join(parts)
+
+
+def format_bytes(n: int | None) -> str:
+    """8589934592 -> '8 GiB'; 536870912 -> '512 MiB'."""
+    if n is None:
+        return "unlimited"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True, slots=True)
 class RawRun:
     """What one container run left behind, before any interpretation."""
 
@@ -49,3 +80,5 @@ class RawRun:
     emulated: bool
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    limits: RunLimits | None = None
+    stopped_for: str | None = None  # why the lab stopped the container early (e.g. the emulator crashed)

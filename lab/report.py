@@ -128,6 +128,8 @@ def result_json(rec: RunRecord) -> dict:
         "graph_breaks": rec.diagnostics.graph_break_count if rec.diagnostics else None,
         "exit_code": ev.exit_code if ev else None,
         "duration_s": round(ev.duration_s, 2) if ev else None,
+        "killed": _killed(ev),
+        "limits": None if ev is None or ev.limits is None else ev.limits.describe(),
         "checks": rec.judgement.to_json()["checks"],
         "image": None if rec.image is None else {"tag": rec.image.tag, "id": rec.image.image_id,
                                                  "cached": rec.image.cached},
@@ -243,10 +245,29 @@ def _summary(rec: RunRecord) -> list[str]:
     if s.upstream:
         lines.append(f"- Upstream: {s.upstream}")
     if rec.evidence is not None:
-        lines.append(f"- Run time: {rec.evidence.duration_s:.1f} s")
+        lines.append(f"- Run time: {rec.evidence.duration_s:.1f} s (timeout {s.timeout} s)")
+        killed = _killed(rec.evidence)
+        if killed:
+            lines.append(f"- Killed: {killed}")
+        if rec.evidence.limits is not None:
+            lines.append(f"- Confinement: {rec.evidence.limits.describe()}; no capabilities, "
+                         "no-new-privileges, no mounts but `out/`")
     if s.description:
         lines += ["", s.description.strip()]
     return lines
+
+
+def _killed(ev) -> str | None:
+    """Why the container did not end by itself, in words ('out of memory (limit 8 GiB)')."""
+    if ev is None:
+        return None
+    if ev.timed_out:
+        return f"timeout, after {ev.duration_s:.0f} s; the container was stopped and its partial logs kept"
+    if ev.oom_killed:
+        return ev.oom_words.removeprefix("killed: ")
+    if ev.stopped_for == "emulator crash":
+        return "the emulator crashed, and the lab stopped the container (QEMU would hang)"
+    return None
 
 
 def _versions(rec: RunRecord) -> list[str]:
