@@ -1,0 +1,219 @@
+"""Faults, against the real engine: an unreachable daemon, a failed build, an OOM kill, Ctrl-C
+during a build, two runs of one case at once, and the confinement of the repro container.
+
+The amd64 scenarios here share every layer but the script with scenarios/libgomp-amd64.yaml,
+so once that image exists they cost seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from .conftest import DATA, ROOT, last_json, run_lab
+
+E2E = DATA / "e2e"
+MANAGED = {"label": "org.torch-repro-lab.managed=true"}
+
+
+def test_unreachable_daemon_gives_one_paragraph_and_doctors_advice(tmp_path):
+    proc = run_lab("run", str(E2E / "sleeper.yaml"), "--out", str(tmp_path),
+                   env={"DOCKER_HOST": f"unix://{tmp_path}/no-such-docker.sock"})
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "does not answer" in proc.stderr and "lab doctor" in proc.stderr
+    assert proc.stderr.count("error:") == 1
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_a_failed_build_is_an_error_verdict_with_the_build_log(tmp_path):
+    proc = run_lab("run", str(E2E / "buildfail.yaml"), "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["verdict"] == "error"
+    assert "build failed" in result["reason"]
+    run_dir = Path(result["run_dir"])
+    log = (run_dir / "build.log").read_text()
+    assert "lab-no-such-debian-package" in log
+    assert "build failed" in (run_dir / "report.md").read_text()
+    assert not docker.from_env().containers.list(all=True, filters=MANAGED)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_an_oom_kill_is_evidence_with_the_limit(tmp_path):
+    proc = run_lab("run", str(E2E / "oom.yaml"), "--out", str(tmp_path), "--json", "--no-diagnose")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["verdict"] == "error", result
+    assert result["reason"] == "killed: out of memory (limit 256 MiB)"
+    assert result["killed"] == "out of memory (limit 256 MiB)"
+    assert result["exit_code"] == 137
+    run_dir = Path(result["run_dir"])
+    assert "starting" in (run_dir / "stdout.txt").read_text()  # what it printed before the kill is kept
+    report = (run_dir / "report.md").read_text()
+    assert "the container was killed: out of memory (limit 256 MiB)" in report
+    assert "- Killed: out of memory (limit 256 MiB)" in report
+    assert "memory 256 MiB" in report
+    assert "killed: out of memory (limit 256 MiB)" in proc.stderr  # what the user sees
+
+
+def _slow_templates(tmp_path: Path) -> Path:
+    """The lab's templates with one slow build step added (LAB_TEMPLATES_DIR is a lab feature)."""
+    folder = tmp_path / "templates"
+    shutil.copytree(ROOT / "dockerfiles", folder)
+    template = folder / "debian.Dockerfile.j2"
+    text = template.read_text()
+    marker = "FROM ${BASE}\n"
+    assert marker in text
+    step = f"RUN echo lab-slow-step-{uuid.uuid4().hex[:8]} && sleep 600\n"
+    template.write_text(text.replace(marker, marker + step, 1))
+    return folder
+
+
+class _Reader(threading.Thread):
+    def __init__(self, stream) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.text = stream, ""
+
+    def run(self) -> None:
+        for line in self.stream:
+            self.text += line
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_ctrl_c_during_a_build_leaves_no_container_and_marks_the_folder(tmp_path):
+    client = docker.from_env()
+    before = {c.id for c in client.containers.list(all=True)}
+    env = {**os.environ, "LAB_TEMPLATES_DIR": str(_slow_templates(tmp_path))}
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "run", str(E2E / "sleeper.yaml"), "--out",
+                             str(tmp_path / "runs")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    reader = _Reader(proc.stderr)
+    reader.start()
+    deadline = time.monotonic() + 1500  # cold, the base and apt layers come first
+    while time.monotonic() < deadline and proc.poll() is None and "lab-slow-step" not in reader.text:
+        time.sleep(0.5)
+    assert "lab-slow-step" in reader.text, reader.text[-3000:]
+    time.sleep(3)  # the build's RUN container is up
+    os.kill(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    assert proc.returncode == 130, reader.text[-3000:]
+    assert "Traceback" not in reader.text
+    assert not client.containers.list(all=True, filters=MANAGED)
+    # The engine also stops the build's own intermediate container once the client is gone.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        left = [c for c in client.containers.list(all=True) if c.id not in before]
+        if not left:
+            break
+        time.sleep(2)
+    assert not left, [(c.name, c.attrs.get("Config", {}).get("Cmd")) for c in left]
+    (result_file,) = (tmp_path / "runs").glob("sleeper/*/result.json")
+    result = json.loads(result_file.read_text())
+    assert result["status"] == "interrupted" and result["verdict"] is None
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(2400)
+def test_two_runs_of_one_case_at_once_both_complete(tmp_path):
+    """A fresh script (so both processes build the same new image at once), one runs folder."""
+    token = uuid.uuid4().hex
+    (tmp_path / "twice.py").write_text(f'print("hello {token}")\n')
+    (tmp_path / "twice.yaml").write_text(
+        "name: twice\ntorch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\n"
+        "system_packages: [g++, python3-dev]\npip: [numpy]\nscript: twice.py\ntimeout: 300\n"
+        f"expect:\n  stdout_contains: 'hello {token}'\n")
+    cache = tmp_path / "cache"  # a fresh lab cache: both processes fill it at the same time
+    env = {**os.environ, "LAB_CACHE_DIR": str(cache)}
+    command = [sys.executable, "-m", "lab", "run", str(tmp_path / "twice.yaml"), "--out", str(tmp_path / "runs"),
+               "--json", "--no-diagnose"]
+    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=2000) for p in procs]
+    results = []
+    for p, (stdout, stderr) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, stderr[-3000:]
+        results.append(last_json(stdout))
+    assert [r["verdict"] for r in results] == ["reproduced", "reproduced"], results
+    folders = {r["run_dir"] for r in results}
+    assert len(folders) == 2
+    for r in results:
+        run_dir = Path(r["run_dir"])
+        assert f"hello {token}" in (run_dir / "stdout.txt").read_text()
+        assert json.loads((run_dir / "result.json").read_text())["run_dir"] == r["run_dir"]
+    assert results[0]["image"]["tag"] == results[1]["image"]["tag"]
+    # Nothing half-written is left in the cache, and a third run reuses everything.
+    leftovers = [p for p in cache.rglob("*") if ".tmp" in p.name or p.name.startswith("tmp")]
+    assert not leftovers, leftovers
+    third = run_lab("run", str(tmp_path / "twice.yaml"), "--out", str(tmp_path / "runs"), "--json",
+                    "--no-diagnose", env={"LAB_CACHE_DIR": str(cache)})
+    assert third.returncode == 0, third.stderr[-3000:]
+    again = last_json(third.stdout)
+    assert again["verdict"] == "reproduced" and again["image"]["cached"] is True
+    assert again["image"]["tag"] == results[0]["image"]["tag"]
+
+
+CONFINED = """
+import os, socket, sys
+status = open("/proc/self/status").read()
+caps = [l for l in status.splitlines() if l.startswith(("CapEff", "NoNewPrivs"))]
+print(*caps, sep="\\n")
+print("cgroup-pids", open("/sys/fs/cgroup/pids/pids.max").read().strip()
+      if os.path.exists("/sys/fs/cgroup/pids/pids.max") else open("/sys/fs/cgroup/pids.max").read().strip())
+print("docker-sock", os.path.exists("/var/run/docker.sock"))
+try:
+    socket.create_connection(("pypi.org", 443), timeout=5)
+    print("network yes")
+except OSError as e:
+    print("network no")
+mounts = [l.split()[1] for l in open("/proc/self/mounts") if l.split()[0] not in ("proc", "tmpfs", "devpts",
+          "sysfs", "cgroup", "mqueue", "shm", "overlay", "cgroup2")]
+print("mounts", sorted(m for m in mounts if not m.startswith(("/proc", "/sys", "/dev", "/etc/"))))
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_the_script_runs_confined(tmp_path):
+    (tmp_path / "confined.py").write_text(CONFINED)
+    (tmp_path / "confined.yaml").write_text(
+        "name: confined\ntorch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\n"
+        "system_packages: [g++, python3-dev]\npip: [numpy]\nscript: confined.py\ntimeout: 300\n"
+        "limits: {pids: 321}\nexpect:\n  stdout_contains: 'network no'\n")
+    proc = run_lab("run", str(tmp_path / "confined.yaml"), "--out", str(tmp_path / "runs"), "--json",
+                   "--no-diagnose")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    stdout = (Path(result["run_dir"]) / "stdout.txt").read_text()
+    assert result["verdict"] == "reproduced", stdout
+    assert "CapEff:\t0000000000000000" in stdout
+    assert "NoNewPrivs:\t1" in stdout
+    assert "cgroup-pids 321" in stdout
+    assert "docker-sock False" in stdout
+    assert "mounts ['/out']" in stdout, stdout
+
+
+def test_a_scenario_that_asks_for_network_needs_allow_network(tmp_path):
+    (tmp_path / "s.py").write_text("")
+    (tmp_path / "net.yaml").write_text(
+        "name: net\ntorch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\nscript: s.py\nnetwork: true\n"
+        "expect:\n  exit_code: 0\n")
+    proc = run_lab("run", str(tmp_path / "net.yaml"), "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 2, proc.stderr
+    assert "--allow-network" in proc.stderr and "net.yaml" in proc.stderr
+    assert "Traceback" not in proc.stderr
