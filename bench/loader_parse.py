@@ -1,25 +1,26 @@
 """Loader-log parse throughput and peak memory, against a bare line read of the same file.
 
 A real captured LD_DEBUG log (tests/data) is concatenated to SIZE_MB (default 500) in a
-temporary folder, then read twice in this one run: once line by line doing nothing
-(the floor), once through lab.loader.parse_dir. Prints MB/s for both, their ratio, and
-the parser's peak memory (tracemalloc), which must stay flat as the log grows.
+temporary folder, then read twice in this one run, each in its own child process: once
+line by line doing nothing (the floor), once through lab.loader.parse_dir. Prints MB/s
+for both, their ratio, and each child's peak resident memory (ru_maxrss), which for the
+parser must stay flat as the log grows (compare SIZE_MB 50 with 500).
 
     python bench/loader_parse.py [SIZE_MB]
 """
 
 from __future__ import annotations
 
+import json
+import resource
+import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-from lab.loader import parse_dir  # noqa: E402
 
 SOURCE = ROOT / "tests" / "data" / "ld_debug" / "host-x86_64-torch2.13-inductor" / "ld.5818"
 
@@ -40,14 +41,23 @@ def bare_read(folder: Path) -> None:
                 pass
 
 
-def timed(fn, folder: Path) -> tuple[float, int]:
-    tracemalloc.start()
+def child(kind: str, folder: Path) -> None:
+    from lab.loader import find_duplicate_runtimes, parse_dir
     start = time.perf_counter()
-    fn(folder)
+    if kind == "read":
+        bare_read(folder)
+        found = None
+    else:
+        found = len(find_duplicate_runtimes(parse_dir(folder)))
     elapsed = time.perf_counter() - start
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return elapsed, peak
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": elapsed, "peak_mib": peak_kib / 1024, "duplicates": found}))
+
+
+def measure(kind: str, folder: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, str(folder)], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -56,13 +66,16 @@ def main() -> None:
         folder = Path(tmp)
         log = make_log(folder, size_mb)
         mb = log.stat().st_size / 2**20
-        read_s, read_peak = timed(bare_read, folder)
-        parse_s, parse_peak = timed(parse_dir, folder)
-    print(f"loader log: {mb:.0f} MB (real log {SOURCE.name} repeated)")
-    print(f"bare line read : {mb / read_s:8.1f} MB/s  peak {read_peak / 2**20:6.1f} MiB")
-    print(f"parse_dir      : {mb / parse_s:8.1f} MB/s  peak {parse_peak / 2**20:6.1f} MiB")
-    print(f"ratio parse/read time: {parse_s / read_s:.2f}x")
+        read = measure("read", folder)
+        parse = measure("parse", folder)
+    print(f"loader log: {mb:.0f} MB (real log {SOURCE.relative_to(ROOT)} repeated)")
+    print(f"bare line read : {mb / read['seconds']:8.1f} MB/s  peak RSS {read['peak_mib']:6.1f} MiB")
+    print(f"parse_dir      : {mb / parse['seconds']:8.1f} MB/s  peak RSS {parse['peak_mib']:6.1f} MiB")
+    print(f"ratio parse/read time: {parse['seconds'] / read['seconds']:.2f}x")
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child(sys.argv[2], Path(sys.argv[3]))
+    else:
+        main()

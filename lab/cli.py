@@ -95,7 +95,7 @@ class Progress:
             return
         if stage == "build" and message.startswith("Step "):
             err.print(f"[dim]build[/] {escape(message[:160])}")
-        elif stage in ("base", "run", "diagnose", "ablate") and not message[0].isdigit():
+        elif stage in ("base", "run", "diagnose", "ablate", "bisect") and not message[0].isdigit():
             err.print(f"[dim]{stage}[/] {escape(message[:160])}")
         self._status.update(f"[bold]{stage}[/] {escape(message[:120])}")
 
@@ -291,6 +291,59 @@ def _print_outcome(outcome) -> None:
         err.print(f"  - {escape(sentence)}")
     report = Path(r["run_dir"]) / "report.md"
     err.print(f"report:  {report}")
+
+
+@app.command("bisect")
+def bisect_cmd(
+    scenario: ScenarioArg,
+    old: Annotated[str, typer.Option("--from", help="The older torch release (one end).", show_default=False)],
+    new: Annotated[str, typer.Option("--to", help="The newer torch release (the other end).", show_default=False)],
+    arch: ArchOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Scenario variable NAME=VALUE.")] = None,
+    pre: Annotated[bool, typer.Option("--pre", help="Include pre-releases among the candidates.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Find the torch release where a scenario's verdict changes (a regression or a fix)."""
+    def body() -> None:
+        from .bisect_run import run_bisect
+        from .engine import Engine
+        from .hostpip import discover
+        loaded = _load(scenario)
+        runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
+        engine = Engine.connect()
+        resume: list[str] = []
+
+        def on_start(candidates: list[str], folder: Path, command: str) -> None:
+            resume.append(command)
+            err.print(f"[bold]bisect {escape(loaded.name)}[/]: {len(candidates)} candidate releases "
+                      f"({escape(', '.join(candidates))})")
+            err.print(f"folder: {folder}")
+            err.print(f"resume after an interruption with: [bold]{escape(command)}[/]")
+
+        def on_probe(probe, reused: bool) -> None:
+            colour = _COLOURS.get(probe.verdict, "bold")
+            note = " (from an earlier run)" if reused else ""
+            why = probe.evidence or probe.reason
+            err.print(f"  torch {escape(probe.version)}: [{colour}]{probe.verdict}[/]{note}"
+                      + (f" - {escape(why[:140])}" if why else ""))
+
+        try:
+            with Progress() as progress:
+                run = run_bisect(loaded, scenario, old, new, arch, engine, discover(), runs_root, progress,
+                                 pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe, on_start=on_start)
+        except KeyboardInterrupt:
+            if resume:
+                err.print(f"resume with: [bold]{escape(resume[0])}[/]")
+            raise
+        result = run.result
+        colour = "bold" if result.status == "found" else "bold yellow"
+        err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
+        err.print(f"report: {run.folder / 'bisect.md'}")
+        if as_json:
+            out.print(json.dumps({**result.to_json(), "folder": str(run.folder), "resume": run.resume_command}),
+                      markup=False)
+    _guard(body)
 
 
 @app.command("build-base")

@@ -55,7 +55,7 @@ def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
 
 def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
              *, run_dir: Path | None = None, diagnose: bool = True, compile_debug: bool = False,
-             allow_network: bool = False) -> RunOutcome:
+             allow_network: bool = False, collect_env: bool = True) -> RunOutcome:
     """Build (or reuse) the image, run the script, diagnose it, judge it and write the run folder.
 
     The diagnose step is a second container of the same image; the scenario's own run stays
@@ -84,13 +84,16 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
         wanted = diagnose or compile_debug or case.scenario.expect.graph_breaks is not None
         if wanted and not raw.timed_out:  # a hung script would only hang a second time
             diagnostics = _diagnose(case, engine, image.tag, run_dir, events, limits, compile_debug)
-        events("collect_env", "python -m torch.utils.collect_env")
-        collect_env = _collect_env(engine, image.tag, case)
+        if collect_env:
+            events("collect_env", "python -m torch.utils.collect_env")
+            collected = _collect_env(engine, image.tag, case)
+        else:
+            collected = None
         evidence = analyze(raw)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
                           read_text(raw.stderr_path), diagnostics)
         rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.base,
-                               collect_env=collect_env, diagnostics=diagnostics, **record)
+                               collect_env=collected, diagnostics=diagnostics, **record)
         return RunOutcome(run_dir, report.write_results(rec), judgement)
     except KeyboardInterrupt:
         report.mark_unfinished(run_dir, case, "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)")
