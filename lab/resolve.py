@@ -89,7 +89,8 @@ class Case:
         major, minor = (int(x) for x in self.python.split(".")[:2])
         machine = self.arch.uname
         platforms = [f"manylinux_2_{n}_{machine}" for n in range(40, 16, -1)]
-        platforms += [f"manylinux2014_{machine}", f"linux_{machine}"]
+        platforms += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}",
+                      f"linux_{machine}"]
         tags = list(cpython_tags((major, minor), platforms=platforms))
         tags += list(compatible_tags((major, minor), platforms=platforms))
         return frozenset(tags)
