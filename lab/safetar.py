@@ -177,9 +177,6 @@ class _Extraction:
         return _refuse(self.archive, member, why)
 
     def check(self, member: tarfile.TarInfo) -> str:
-        self.members += 1
-        if self.members > self.max_files:
-            raise self.refuse(member.name, f"the archive has more than {self.max_files} members, the limit")
         why = _check_name(member.name) or _kind(member)
         if why:
             raise self.refuse(member.name, why)
@@ -193,6 +190,9 @@ class _Extraction:
             raise self.refuse(name, f"it lies under {clash!r}, which is a file")
         if self.expected is not None:
             self._check_expected(member, name)
+        self.members += 1
+        if self.members > self.max_files:
+            raise self.refuse(name, f"the archive has more than {self.max_files} members, the limit")
         if member.isreg():
             if self.total + member.size > self.max_total_bytes:
                 raise self.refuse(name, f"unpacking it would exceed {self.max_total_bytes} bytes in all, "
