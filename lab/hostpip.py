@@ -65,6 +65,34 @@ class HostPip:
             lines.append("trusted-host = " + " ".join(self.trusted_hosts))
         return "\n".join(lines) + "\n"
 
+    def index_settings(self) -> dict[str, object]:
+        """What decides which distributions an install can see (for cache keys): not the CA or proxies."""
+        return {"index_url": self.index_url, "extra_index_urls": list(self.extra_index_urls),
+                "find_links": list(self.find_links), "trusted_hosts": list(self.trusted_hosts)}
+
+    def uv_args(self) -> list[str]:
+        """The same sources for `uv pip`, explicitly. uv would stop at the first index that has a
+        project; `unsafe-best-match` looks at every index, as pip does."""
+        args = ["--index-strategy", "unsafe-best-match"]
+        if self.index_url:
+            args += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            args += ["--extra-index-url", url]
+        for link in self.find_links:
+            args += ["--find-links", link]
+        for host in self.trusted_hosts:
+            args += ["--allow-insecure-host", host]
+        return args
+
+    def uv_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """`env` without uv's own settings (the lab passes everything as flags), plus the CA bundle
+        and the proxies."""
+        out = {k: v for k, v in env.items() if not k.startswith("UV_")}
+        if self.ca_bundle:
+            out["SSL_CERT_FILE"] = str(self.ca_bundle)
+        out.update(dict(self.proxies))
+        return out
+
 
 def _is_local(url: str) -> bool:
     scheme = urlparse(url).scheme

@@ -82,3 +82,26 @@ def test_local_wheels_from_a_file_simple_index(tmp_path: Path):
     assert local_wheels(host, ["numpy<3"], tags) == [whl]
     assert [p.name for p in local_wheels(host, ["numpy<2"], tags)] == [
         "numpy-1.26.4-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"]
+
+
+def test_uv_gets_the_same_sources_explicitly_and_sees_every_index():
+    host = HostPip(index_url="https://mirror.example/simple",
+                   extra_index_urls=("https://a.example/simple", "file:///opt/pypi/simple"),
+                   find_links=("/opt/wheels",), trusted_hosts=("mirror.example",))
+    args = host.uv_args()
+    assert args[:2] == ["--index-strategy", "unsafe-best-match"]  # pip's behaviour, not uv's first-index
+    pairs = list(zip(args[2::2], args[3::2], strict=True))
+    assert pairs == [("--index-url", "https://mirror.example/simple"),
+                     ("--extra-index-url", "https://a.example/simple"),
+                     ("--extra-index-url", "file:///opt/pypi/simple"),
+                     ("--find-links", "/opt/wheels"), ("--allow-insecure-host", "mirror.example")]
+    assert HostPip().uv_args() == ["--index-strategy", "unsafe-best-match"]
+
+
+def test_uv_env_carries_the_ca_and_proxies_and_drops_uv_settings(tmp_path: Path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("CERT")
+    host = HostPip(ca_bundle=ca, proxies=(("HTTPS_PROXY", "http://proxy:3128"),))
+    env = host.uv_env({"PATH": "/bin", "UV_INDEX_URL": "https://elsewhere.example/simple", "UV_TORCH_BACKEND": "cu126"})
+    assert env == {"PATH": "/bin", "SSL_CERT_FILE": str(ca), "HTTPS_PROXY": "http://proxy:3128"}
+    assert host.index_settings() == HostPip(ca_bundle=None).index_settings()  # the CA decides no wheel
