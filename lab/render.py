@@ -1,8 +1,10 @@
 """Case -> BuildPlan: the Dockerfile rendered from dockerfiles/ and a byte-stable build context.
 
 The Dockerfile depends only on the case, never on the host, so `lab render` prints
-the same bytes everywhere. Host specifics (CA bundle, pip settings, local wheels)
-travel as context files; the content hash covers them, so a change rebuilds.
+the same bytes everywhere. Host specifics (CA bundle, pip settings, local wheels, and the
+venv tree cross-installed on the host, `site/`) travel as context files; the plan's digest
+covers them, so a change rebuilds. The site tree can be gigabytes: its digest is computed once,
+when its cache entry is made (lab.crossinstall), and only mixed in here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import BinaryIO
 import jinja2
 
 from . import __version__
+from .crossinstall import VENV_IN_IMAGE, Installer, Site, install_with_uv, no_site, prepare_site, walk_tree
 from .hostpip import HostPip, local_wheels
+from .records import Events, no_events
 from .resolve import Case
 
 TEMPLATES_DIR = Path(os.environ.get("LAB_TEMPLATES_DIR") or Path(__file__).resolve().parent.parent / "dockerfiles")
@@ -31,6 +35,8 @@ IMAGE_REPO = "torch-repro-lab/case"
 RUNNER = Path(__file__).resolve().parent / "probe" / "lab_run.py"  # runs inside the image
 RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
 WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
+SITE_DIR = "site"
+CONTEXT_FORMAT = 2  # part of the plan digest: bump when the context's layout changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +51,38 @@ class ContextFile:
         return len(self.data) if self.data is not None else self.source.stat().st_size  # type: ignore[union-attr]
 
 
+@dataclass(frozen=True, slots=True)
+class ContextTree:
+    """A folder of the build context whose digest is already known (the cross-installed venv).
+
+    The tar still gets every entry, sorted, with normalised metadata; only the hashing is
+    skipped. `root` None is an empty folder."""
+
+    arcname: str
+    root: Path | None
+    digest: str
+    total_size: int = 0
+
+    def size(self) -> int:
+        return self.total_size
+
+
+ContextEntry = ContextFile | ContextTree
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     case: Case
     dockerfile: str
-    files: tuple[ContextFile, ...]
-    digest: str  # sha256 of the context tar (the Dockerfile included)
+    files: tuple[ContextEntry, ...]
+    digest: str  # sha256 over every context file's content and the site tree's digest
+    site: Site | None = None  # what was cross-installed on the host into site/
+    host_wheels: tuple[Path, ...] = ()  # local wheels pip in the image needs when site/ is empty
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the user should know about this build (requirements left to pip in the image)."""
+        return self.site.notes if self.site else ()
 
     @property
     def platform(self) -> str:
@@ -96,40 +128,108 @@ def render_dockerfile(case: Case) -> str:
         system_packages=packages,
         requirements=case.requirements,
         script=scenario.script.name,
+        venv=VENV_IN_IMAGE,
     )
 
 
-def context_files(case: Case, dockerfile: str, host: HostPip) -> tuple[ContextFile, ...]:
+def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None = None) -> tuple[ContextEntry, ...]:
+    """The build context. Local wheels travel only for what pip in the image must install."""
+    site = site or no_site(case, "cross-install not requested")
     ca = host.ca_bundle.read_bytes() if host.ca_bundle else b""
     pip_conf = host.pip_conf(CA_IN_IMAGE if ca else None, WHEELS_IN_IMAGE)
-    files = [
+    files: list[ContextEntry] = [
         ContextFile("Dockerfile", dockerfile.encode()),
         ContextFile("lab/ca.crt", ca),
         ContextFile("lab/pip.conf", pip_conf.encode()),
         ContextFile("repro/" + case.scenario.script.name, source=case.scenario.script),
         ContextFile("tools/" + RUNNER.name, source=RUNNER),
         ContextFile("wheels/README", WHEELS_README),
+        ContextTree(SITE_DIR, site.root, site.digest, site.size),
     ]
     files += [ContextFile("wheels/" + w.name, source=w)
-              for w in local_wheels(host, case.requirements, case.wheel_tags)]
+              for w in local_wheels(host, site.in_image(case.requirements), case.wheel_tags)]
     return tuple(sorted(files, key=lambda f: f.arcname))
 
 
-def write_context(files: tuple[ContextFile, ...], out: BinaryIO) -> str:
-    """Write the context as a tar with sorted entries and normalised metadata; return its sha256."""
+def site_readme(plan: BuildPlan) -> str:
+    """site/README.md of a run folder, where the lab leaves site/ empty."""
+    site, case = plan.site, plan.case
+    lines = ["# site/: the venv's packages, installed on the host", "",
+             f"The Dockerfile copies this folder into {VENV_IN_IMAGE} before its `pip install`.",
+             "The lab fills it from the host: it cross-installs the case's requirements",
+             f"({' '.join(case.requirements)}) with uv for the image's platform and Python, so that pip",
+             "in the image finds them satisfied and nothing heavy runs under emulation.", "",
+             "Here it is left empty (it can be gigabytes). Then `docker build .` installs everything",
+             "with pip inside the image: the same requirements, only slower under QEMU.", ""]
+    if site is not None and site.root is not None:
+        lines += ["For this run the lab used the tree below; to build with it, copy it here",
+                  f"(`cp -a {site.root}/. {SITE_DIR}/`) and delete this README.", "",
+                  "```", site.lock_text.rstrip(), "```"]
+    else:
+        lines += [f"For this run nothing was cross-installed: {'; '.join(plan.notes) or 'no reason given'}."]
+    return "\n".join(lines) + "\n"
+
+
+def context_digest(files: tuple[ContextEntry, ...]) -> str:
+    """The plan's identity: each file's path and content, each tree's path and stored digest."""
+    sha = hashlib.sha256(f"torch-repro-lab context v{CONTEXT_FORMAT}\n".encode())
+    for f in sorted(files, key=lambda f: f.arcname):
+        if isinstance(f, ContextTree):
+            sha.update(f"tree\0{f.arcname}\0{f.digest}\n".encode())
+        else:
+            sha.update(f"file\0{f.arcname}\0{f.size()}\0{_content_sha256(f)}\n".encode())
+    return sha.hexdigest()
+
+
+def _content_sha256(f: ContextFile) -> str:
+    if f.data is not None:
+        return hashlib.sha256(f.data).hexdigest()
+    sha = hashlib.sha256()
+    with f.source.open("rb") as fh:  # type: ignore[union-attr]
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def write_context(files: tuple[ContextEntry, ...], out: BinaryIO) -> str:
+    """Write the context as a tar with sorted entries and normalised metadata (owner root,
+    mtime 0, mode 0644 or 0755); return the tar's sha256."""
     hasher = _HashingWriter(out)
     with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for f in files:
-            info = tarfile.TarInfo(f.arcname)
-            info.size, info.mtime, info.mode = f.size(), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
+            if isinstance(f, ContextTree):
+                _add_tree(tar, f)
+                continue
+            info = _info(f.arcname, tarfile.REGTYPE, 0o644, f.size())
             if f.data is not None:
                 tar.addfile(info, io.BytesIO(f.data))
             else:
                 with f.source.open("rb") as fh:  # type: ignore[union-attr]
                     tar.addfile(info, fh)
     return hasher.hexdigest()
+
+
+def _info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
+    tar.addfile(_info(tree.arcname, tarfile.DIRTYPE, 0o755))
+    if tree.root is None:
+        return
+    for e in walk_tree(tree.root):
+        name = f"{tree.arcname}/{e.path}"
+        if e.kind == "dir":
+            tar.addfile(_info(name, tarfile.DIRTYPE, e.mode))
+        elif e.kind == "symlink":
+            tar.addfile(_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
+        else:
+            with e.source.open("rb") as fh:
+                tar.addfile(_info(name, tarfile.REGTYPE, e.mode, e.size), fh)
 
 
 class _HashingWriter(io.RawIOBase):
@@ -147,16 +247,13 @@ class _HashingWriter(io.RawIOBase):
         return self._sha.hexdigest()
 
 
-class _Discard(io.RawIOBase):
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:  # type: ignore[override]
-        return len(b)
-
-
-def plan_build(case: Case, host: HostPip) -> BuildPlan:
+def plan_build(case: Case, host: HostPip, events: Events = no_events,
+               installer: Installer | None = install_with_uv) -> BuildPlan:
+    """The Dockerfile and the context, with the requirements cross-installed on the host into
+    site/ (from the lab's cache when there). `installer=None` leaves all of it to pip in the image."""
     dockerfile = render_dockerfile(case)
-    files = context_files(case, dockerfile, host)
-    digest = write_context(files, _Discard())
-    return BuildPlan(case=case, dockerfile=dockerfile, files=files, digest=digest)
+    site = (no_site(case, "cross-install not requested") if installer is None else
+            prepare_site(case, host, events, installer))
+    files = context_files(case, dockerfile, host, site)
+    return BuildPlan(case=case, dockerfile=dockerfile, files=files, digest=context_digest(files), site=site,
+                     host_wheels=tuple(local_wheels(host, case.requirements, case.wheel_tags)))

@@ -81,22 +81,26 @@ _RUN_DOCKERIGNORE = "out\ndiagnose\n*.txt\n*.json\n*.md\n*.log\nscenario.yaml\n"
 
 
 def write_inputs(run_dir: Path, plan: BuildPlan) -> None:
-    """What the run starts from, written before anything can fail: the build context
-    (large local wheels are listed, not copied) and the resolved scenario."""
-    wheels = []
+    """What the run starts from, written before anything can fail: the build context and the
+    resolved scenario. Large local wheels are listed, not copied; site/ (the venv tree the lab
+    cross-installed on the host, up to gigabytes) stays empty but for a README, so `docker build .`
+    here installs the requirements with pip inside the image."""
+    from .render import SITE_DIR, ContextTree, site_readme
     for f in plan.files:
+        if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):
+            continue
         target = run_dir / f.arcname
         target.parent.mkdir(parents=True, exist_ok=True)
         if f.data is not None:
             target.write_bytes(f.data)
-        elif f.arcname.startswith("wheels/"):
-            wheels.append(f"{f.source}\n")
-        else:
+        elif not f.arcname.startswith("wheels/"):
             target.write_bytes(f.source.read_bytes())  # type: ignore[union-attr]
-    if wheels:
+    (run_dir / SITE_DIR).mkdir(exist_ok=True)
+    (run_dir / SITE_DIR / "README.md").write_text(site_readme(plan))
+    if plan.host_wheels:
         (run_dir / "wheels" / "FROM-HOST.txt").write_text(
-            "Copy these host wheels here before `docker build .`:\n" + "".join(wheels))
-    (run_dir / ".dockerignore").write_text(_RUN_DOCKERIGNORE)
+            "Copy these host wheels here before `docker build .`:\n" + "".join(f"{w}\n" for w in plan.host_wheels))
+    (run_dir / ".dockerignore").write_text(_RUN_DOCKERIGNORE + f"{SITE_DIR}/README.md\n")
     write_scenario(run_dir, plan.case, None)
 
 
