@@ -68,7 +68,15 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from lab import __version__
-from lab.safetar import HEADER_BUDGET, BundleError, _check_name, _CountingReader, _TooMuch, safe_extract
+from lab.safetar import (
+    HEADER_BUDGET,
+    BundleError,
+    _check_name,
+    _CountingReader,
+    _read_problem,
+    _TooMuch,
+    safe_extract,
+)
 from lab.scrub import scrub_text, secret_values
 
 __all__ = [
@@ -357,7 +365,9 @@ def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHea
             raise BundleError(f"{where}: the archive is empty", hint="It is not a bundle made by `lab bundle`.")
         member_name = member.name
         root, _, name = member.name.partition("/")
-        if name != MANIFEST_NAME or not _ROOT_RE.fullmatch(root) or not member.isreg():
+        if name == MANIFEST_NAME and _ROOT_RE.fullmatch(root) and not member.isreg():
+            raise _manifest_error(where, f"the first member {member.name!r} is not a regular file")
+        if name != MANIFEST_NAME or not _ROOT_RE.fullmatch(root):
             raise BundleError(
                 f"{where}: its first member is {member.name!r}, not <folder>/{MANIFEST_NAME}",
                 hint="It is not a bundle made by `lab bundle` (or it was repacked); ask for the bundle again.")
@@ -375,10 +385,8 @@ def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHea
         raise BundleError(f"{where}: it is not a gzip-compressed tar archive ({exc})",
                           hint="A bundle is the .tar.gz that `lab bundle` writes.") from None
     except (EOFError, tarfile.TarError, zlib.error, OSError) as exc:
-        what = "truncated" if isinstance(exc, EOFError) else f"unreadable ({exc or 'no tar header'})"
-        inside = f" (in {member_name!r})" if member_name else ""
-        raise BundleError(f"{where}: the archive is {what}{inside}",
-                          hint="Ask for the bundle again.") from None
+        inside = f"member {member_name!r}: " if member_name else ""
+        raise BundleError(f"{where}: {inside}{_read_problem(exc)}", hint="Ask for the bundle again.") from None
     manifest = parse_manifest(raw, where, limits)
     return BundleHead(manifest, root, len(raw), hashlib.sha256(raw).hexdigest())
 

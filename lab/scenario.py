@@ -808,8 +808,10 @@ def _format_path(path: _Path) -> str:
     return text
 
 
-def _clean_loc(loc: tuple[Any, ...], lines: Mapping[_Path, int]) -> _Path:
-    path: _Path = tuple(part for part in loc if part != "[key]")
+def _clean_loc(loc: tuple[Any, ...], lines: Mapping[_Path, int], kind: str = "") -> _Path:
+    path: _Path = tuple(loc)
+    if kind != "extra_forbidden" and len(path) >= 2 and path[-1] == "[key]":
+        path = path[:-1]  # pydantic's marker for an invalid key, not a key the user wrote as "[key]"
     while path and isinstance(path[-1], int) and path not in lines:
         path = path[:-1]  # a scalar given for a list (`torch: "2.5.1"`) is the field itself
     return path
@@ -867,7 +869,7 @@ def _unknown_key(key: str, allowed: list[str]) -> tuple[str, str | None]:
 def _from_validation(exc: ValidationError, lines: Mapping[_Path, int], file: str) -> ScenarioError:
     found = []
     for index, error in enumerate(exc.errors()):
-        path = _clean_loc(tuple(error["loc"]), lines)
+        path = _clean_loc(tuple(error["loc"]), lines, error["type"])
         found.append((_line_for(path, lines) or 0, index, path, error))
     # A misspelt key also shows up as a missing one: report what is written before what is absent.
     line, _, path, error = min(found, key=lambda item: (item[3]["type"] == "missing", item[0], item[1]))

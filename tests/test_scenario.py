@@ -510,3 +510,13 @@ def test_alias_without_anchor_and_merge_bomb(tmp_path: Path) -> None:
     check_error(write(tmp_path, BASE + "env: *nowhere\n"), 8, None, "anchors and aliases")
     bomb = BASE + "x: &x {a: 1}\n" + "".join(f"y{i}: {{<<: [*x, *x, *x]}}\n" for i in range(1000))
     check_error(write(tmp_path, bomb), 8, None, "anchors and aliases")
+
+
+@pytest.mark.parametrize(("extra", "field", "fragment"), [
+    ("'[key]': 1\n", "['[key]']", "unknown key '[key]'"),
+    ("expect2: {'[key]': 1}\n", "expect2", "unknown key 'expect2'"),
+    ("env: {'[key]': x}\n", "env['[key]']", "not a valid variable name"),
+])
+def test_key_spelt_like_pydantics_marker(tmp_path: Path, extra: str, field: str, fragment: str) -> None:
+    """Found by fuzzing: a key written as "[key]" is a key, not pydantic's marker for key errors."""
+    check_error(write(tmp_path, BASE + extra), 8, field, fragment)
