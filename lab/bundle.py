@@ -32,7 +32,8 @@ stored, which are the scrubbed bytes for text files.  bundle.json is not listed 
 
 What never goes in (each listed in `left_out` with its reason): `wheels/*.whl` (host-local wheels;
 a replay installs from the replaying host's pip sources; `wheels/LEFT-OUT.txt` lists them too),
-`lab/ca.crt` (the host's CA bundle), symbolic links and anything else that is not a regular file
+`lab/ca.crt` (the host's CA bundle), `site/**` but its README.md (packages the lab installed
+on the host for the image, should a run folder hold them), symbolic links and anything else that is not a regular file
 (so nothing outside the run folder), binary files that contain a secret value, text files too
 large to scrub; with `slim`, also the raw loader logs `out/ld/*`.
 
@@ -108,6 +109,7 @@ REPLAY_HEADING = "## How to replay"
 
 WHY_WHEEL = "host-local wheel; replay takes it from the replaying host's pip sources"
 WHY_CA = "host CA bundle; the replaying host's CA bundle is used"
+WHY_SITE = "package installed on the host for the image (site/); replay installs it again"
 WHY_SLIM = "raw loader log, left out by --slim (its findings are in evidence.json and report.md)"
 WHY_LINK = "symbolic link; links are never bundled"
 WHY_SPECIAL = "not a regular file"
@@ -469,6 +471,8 @@ def _why_left_out(rel: str, slim: bool) -> str | None:
         return WHY_WHEEL
     if rel == "lab/ca.crt":
         return WHY_CA
+    if parts[0] == "site" and rel != "site/README.md":
+        return WHY_SITE
     if slim and parts[:2] == ["out", "ld"]:
         return WHY_SLIM
     return None

@@ -20,6 +20,7 @@ from lab.bundle import (
     WHY_BINARY_SECRET,
     WHY_CA,
     WHY_LINK,
+    WHY_SITE,
     WHY_SLIM,
     WHY_SPECIAL,
     WHY_WHEEL,
@@ -78,6 +79,8 @@ def make_run(parent: Path, name: str = NAME) -> Path:
         "lab/pip.conf": "[global]\ncert = /etc/lab/ca.crt\nindex-url = https://ana:hunter22@mirror.example/simple\n",
         "lab/ca.crt": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
         "wheels/README": "Wheels from the host's local pip sources.\n",
+        "site/README.md": "# site/: the venv's packages, installed on the host\n",
+        "site/torch/lib/libtorch_cpu.so": b"\x7fELF" + bytes(2000),
         "wheels/torch-2.5.1-cp311-none-linux_aarch64.whl": b"PK\x03\x04" + os.urandom(3000),
         "repro/libgomp_aarch64.py": "import torch\nprint(sorted([3, 1], key=abs))\n",
         "stdout.txt": f"token is {SECRET}\nfile {HOME}/proj/x.py\n",
@@ -148,7 +151,7 @@ def test_left_out(bundle: Path) -> None:
     assert why == {
         "wheels/torch-2.5.1-cp311-none-linux_aarch64.whl": WHY_WHEEL, "lab/ca.crt": WHY_CA,
         "passwd-link": WHY_LINK, "etc-dir-link": WHY_LINK, "out/pipe": WHY_SPECIAL,
-        "diagnose/leaky.bin": WHY_BINARY_SECRET,
+        "diagnose/leaky.bin": WHY_BINARY_SECRET, "site/torch/lib/libtorch_cpu.so": WHY_SITE,
     }
     wheel = next(e for e in manifest["left_out"] if e["why"] == WHY_WHEEL)
     assert wheel["size"] == 3004 and len(wheel["sha256"]) == 64
