@@ -361,7 +361,9 @@ def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHea
     member_name = None
     try:
         with counter.window(HEADER_BUDGET):
-            tar = tarfile.open(fileobj=counter, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
+            # 512-byte reads: nothing much past bundle.json is decompressed, so a bundle cut short
+            # after its head still shows its manifest.
+            tar = tarfile.open(fileobj=counter, mode="r|", bufsize=512)  # type: ignore[call-overload]  # noqa: SIM115
         member = tar.next()
         if member is None:
             raise BundleError(f"{where}: the archive is empty", hint="It is not a bundle made by `lab bundle`.")
