@@ -44,10 +44,18 @@ def _guard(fn: Callable[[], None]) -> None:
     except ScenarioError as e:
         _fail(e, 2)
     except LabError as e:
-        _fail(e, 3)
+        _fail(e, 2 if _bad_input(e) else 3)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: containers removed; the run folder is marked `interrupted`.")
         raise typer.Exit(130) from None
+
+
+def _bad_input(error: LabError) -> bool:
+    """Errors about what the user gave (a bundle, a release range), not about the infrastructure."""
+    from .bisect import BisectError
+    from .releases import ReleaseError
+    from .safetar import BundleError
+    return isinstance(error, (BundleError, ReleaseError, BisectError))
 
 
 def _scenarios_dir() -> Path:
@@ -95,7 +103,7 @@ class Progress:
             return
         if stage == "build" and message.startswith("Step "):
             err.print(f"[dim]build[/] {escape(message[:160])}")
-        elif stage in ("base", "run", "diagnose", "ablate", "bisect") and not message[0].isdigit():
+        elif stage in ("base", "run", "diagnose", "ablate", "bisect", "replay", "site") and not message[0].isdigit():
             err.print(f"[dim]{stage}[/] {escape(message[:160])}")
         self._status.update(f"[bold]{stage}[/] {escape(message[:120])}")
 
@@ -160,7 +168,7 @@ def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -
         engine = Engine.connect()
         host = discover()
         with Progress() as progress:
-            image = build_image(plan_build(case, host), engine, host, progress)
+            image = build_image(plan_build(case, host, progress), engine, host, progress)
         err.print(f"{'cached' if image.cached else 'built'} {image.tag} "
                   f"({image.base.origin} base {image.base.ref})")
         out.print(image.tag, markup=False)
@@ -343,6 +351,86 @@ def bisect_cmd(
         if as_json:
             out.print(json.dumps({**result.to_json(), "folder": str(run.folder), "resume": run.resume_command}),
                       markup=False)
+    _guard(body)
+
+
+@app.command("bundle")
+def bundle_cmd(
+    path: Annotated[Path, typer.Argument(help="A run folder (or, with --inspect, a bundle).", show_default=False)],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The .tar.gz to write "
+                                                "(default: <run folder name>.tar.gz here).")] = None,
+    slim: Annotated[bool, typer.Option("--slim", help="Leave out the raw loader logs (out/ld/).")] = False,
+    inspect: Annotated[bool, typer.Option("--inspect", help="Show a bundle's manifest without unpacking it.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pack a run folder into one .tar.gz to attach to an upstream issue (secrets scrubbed), or --inspect one."""
+    def body() -> None:
+        from .bundle import inspect_bundle, write_bundle
+        from .records import format_bytes
+        if inspect:
+            manifest = inspect_bundle(path)
+            if as_json:
+                out.print(json.dumps(manifest), markup=False)
+                return
+            total = sum(f["size"] for f in manifest["files"])
+            out.print(f"{path}: {manifest['format']} v{manifest['format_version']}, made "
+                      f"{manifest['created']} by lab {manifest['lab_version']}", markup=False)
+            out.print(f"case:    {manifest['case']}", markup=False)
+            out.print(f"verdict: {manifest['verdict']} ({manifest['reason']})", markup=False)
+            for sentence in manifest.get("summary") or []:
+                out.print(f"  - {sentence}", markup=False)
+            kinds = {k: sum(1 for f in manifest["files"] if f["kind"] == k) for k in ("meta", "data")}
+            out.print(f"files:   {len(manifest['files'])} ({kinds['meta']} metadata, {kinds['data']} data), "
+                      f"{format_bytes(total)} unpacked" + (", slim" if manifest["slim"] else ""), markup=False)
+            for item in manifest["left_out"]:
+                out.print(f"left out: {item['path']} ({item['why']})", markup=False)
+            return
+        info = write_bundle(path, output, slim=slim)
+        err.print(f"bundle: {info.path} ({format_bytes(info.size)}, {info.file_count} files"
+                  + (", slim" if slim else "") + ")")
+        for item in info.left_out:
+            err.print(f"  left out: {escape(item['path'])} ({escape(item['why'])})")
+        err.print(f"replay it with: [bold]lab replay {escape(str(info.path))}[/]")
+        if as_json:
+            out.print(json.dumps({"bundle": str(info.path), "size": info.size, "files": info.file_count,
+                                  "left_out": list(info.left_out)}), markup=False)
+        else:
+            out.print(str(info.path), markup=False)
+    _guard(body)
+
+
+@app.command("replay")
+def replay_cmd(
+    bundle: Annotated[Path, typer.Argument(help="A bundle made by `lab bundle`.", show_default=False)],
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
+    allow_network: Annotated[bool, typer.Option("--allow-network", help="Let the script use the network, "
+                                                "if the bundled scenario asks for it.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a bundle, rebuild its image, rerun it and compare the verdict and evidence with the bundled ones."""
+    def body() -> None:
+        from .engine import Engine
+        from .hostpip import discover
+        from .replay import replay
+        runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
+        engine = Engine.connect()
+        with Progress() as progress:
+            outcome = replay(bundle, engine, discover(), runs_root, progress, allow_network=allow_network)
+        err.print(f"original: {outcome.original.get('verdict')} ({escape(str(outcome.original.get('reason')))})")
+        colour = _COLOURS.get(outcome.result["verdict"], "bold")
+        err.print(f"replay:   [{colour}]{outcome.result['verdict']}[/] ({escape(outcome.result['reason'])})")
+        if outcome.comparison.same:
+            err.print("[bold green]same verdict, same signature[/]")
+        else:
+            err.print("[bold yellow]different:[/]")
+            for line in outcome.comparison.lines:
+                err.print(f"  - {escape(line)}")
+        err.print(f"report:   {outcome.run_dir / 'report.md'}")
+        if as_json:
+            out.print(json.dumps({**outcome.result, "replay": {
+                "same": outcome.comparison.same, "differences": [] if outcome.comparison.same else
+                list(outcome.comparison.lines), "original_verdict": outcome.original.get("verdict"),
+                "dockerfile_same_as_this_lab": outcome.dockerfile_same_as_this_lab}}), markup=False)
     _guard(body)
 
 

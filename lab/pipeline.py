@@ -15,7 +15,7 @@ from .errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from .hostpip import HostPip
 from .judge import Judgement, build_failed, judge
 from .records import Events, RunLimits, no_events
-from .render import RUNNER_IN_IMAGE, plan_build
+from .render import RUNNER_IN_IMAGE, BuildPlan, plan_build
 from .resolve import Case
 
 LD_DEBUG = "libs,files"
@@ -55,7 +55,8 @@ def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
 
 def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
              *, run_dir: Path | None = None, diagnose: bool = True, compile_debug: bool = False,
-             allow_network: bool = False, collect_env: bool = True) -> RunOutcome:
+             allow_network: bool = False, collect_env: bool = True,
+             plan: BuildPlan | None = None) -> RunOutcome:
     """Build (or reuse) the image, run the script, diagnose it, judge it and write the run folder.
 
     The diagnose step is a second container of the same image; the scenario's own run stays
@@ -63,7 +64,7 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     """
     check_gpu(case, engine)
     limits = run_limits(case, allow_network)
-    plan = plan_build(case, host)
+    plan = plan or plan_build(case, host, events)
     started = datetime.now(timezone.utc)
     run_dir = run_dir or report.new_run_dir(runs_root, case, started)
     report.write_inputs(run_dir, plan)

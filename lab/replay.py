@@ -1,0 +1,168 @@
+"""`lab replay BUNDLE`: check a bundle, rebuild its image from the bundled Dockerfile and context,
+run it again, and compare the new verdict and evidence with the bundled ones.
+
+A bundle comes from someone else, so nothing in it is trusted: the archive is unpacked by
+`lab.bundle.open_bundle` (manifest, checksums, sizes, no links, nothing outside the target),
+its scenario goes through the same validation as any scenario file, and the script runs as
+confined as any other (no network unless the scenario asks and the user confirms).
+
+What the replay takes from the bundle: the Dockerfile, the repro script and the lab's runner
+(`repro/`, `tools/`), the scenario with its resolved case (torch, arch, backend, variables).
+What it takes from the replaying host: the CA bundle, the pip settings, local wheels and the
+cross-installed `site/` (host specifics that never travel in a bundle). A replay is itself a
+run folder, `<runs>/<scenario>/<time>-torch<v>-<arch>-replay/`, with the unpacked bundle in
+`replayed/` and the comparison in `replay.json` and at the end of report.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from . import report
+from .bundle import Comparison, compare, inspect_bundle, open_bundle
+from .engine import Engine
+from .errors import ScenarioError
+from .hostpip import HostPip
+from .records import Events, no_events
+from .render import ContextFile, context_digest, plan_build
+from .resolve import Case, resolve
+from .scenario import _compose, _read_text, load_scenario
+from .scrub import MASK
+
+REPLAYED = "replayed"
+_TAKEN_FROM_BUNDLE = ("Dockerfile", "repro/", "tools/")
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    run_dir: Path
+    original: dict
+    result: dict
+    comparison: Comparison
+    dockerfile_same_as_this_lab: bool
+
+
+def replay(bundle: Path, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events, *,
+           allow_network: bool = False) -> ReplayOutcome:
+    from .pipeline import run_case
+
+    manifest = inspect_bundle(bundle)
+    events("replay", f"bundle of {manifest.get('case')}: {manifest.get('verdict')} "
+                     f"({len(manifest['files'])} files, made by lab {manifest['lab_version']})")
+    runs_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".replay-", dir=runs_root))
+    try:
+        src = open_bundle(bundle, scratch / "bundle")
+        original = _original_result(src, bundle)
+        run_dir = report.new_run_dir(runs_root, _case_from(src, bundle), suffix="replay")
+        os.replace(src, run_dir / REPLAYED)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    src = run_dir / REPLAYED
+    case = _case_from(src, bundle)  # again, from where the files now stay
+    masked = sorted(k for k, v in case.run_env().items() if v == MASK)
+    if masked:
+        events("replay", f"the bundle's author's secret values were removed: {', '.join(masked)} are "
+                         f"{MASK!r} in this replay")
+    plan, dockerfile_same = _with_bundled_files(plan_build(case, host, events), src)
+    events("replay", "rebuilding from the bundled Dockerfile" +
+           ("" if dockerfile_same else " (it differs from what this lab version renders)"))
+    diagnose = original.get("graph_breaks") is not None  # needed to compare graph-break counts
+    outcome = run_case(case, engine, host, runs_root, events, run_dir=run_dir, plan=plan, diagnose=diagnose,
+                       allow_network=allow_network)
+    comparison = compare(original, outcome.result)
+    _write(run_dir, bundle, original, outcome.result, comparison, dockerfile_same)
+    return ReplayOutcome(run_dir, original, outcome.result, comparison, dockerfile_same)
+
+
+def _original_result(src: Path, bundle: Path) -> dict:
+    try:
+        data = json.loads((src / "result.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"the bundle has no readable result.json ({exc}).", file=str(bundle),
+                            field="result.json") from None
+    if not isinstance(data, dict) or data.get("verdict") is None:
+        raise ScenarioError("the bundled run never reached a verdict (it was interrupted or failed), so there "
+                            "is nothing to compare a replay with.", file=str(bundle), field="result.json")
+    return data
+
+
+def _case_from(src: Path, bundle: Path) -> Case:
+    """The bundled scenario, validated like any scenario file, at its resolved torch/arch/backend."""
+    path = src / "scenario.yaml"
+    if not path.is_file():
+        raise ScenarioError("the bundle has no scenario.yaml.", file=str(bundle), field="scenario.yaml")
+    data, _ = _compose(_read_text(path, str(path)), str(path))
+    resolved = data.pop("resolved", None)
+    if not isinstance(resolved, dict):
+        raise ScenarioError("the bundled scenario.yaml has no `resolved` block (torch, arch, backend).",
+                            file=str(path), field="resolved")
+    script = data.get("script")
+    if not isinstance(script, str) or "/" in script or script in ("", ".", ".."):
+        raise ScenarioError("the bundled scenario's `script` must be a file name inside repro/.",
+                            file=str(path), field="script")
+    data["script"] = f"repro/{script}"
+    clean = src / "replay-scenario.yaml"
+    clean.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    scenario = load_scenario(clean)
+
+    def pick(key: str) -> str | None:
+        value = resolved.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ScenarioError(f"`resolved.{key}` must be a text.", file=str(path), field=f"resolved.{key}")
+        return value
+
+    return resolve(scenario, torch=pick("torch"), arch=pick("arch"), backend=pick("backend"), mode=pick("mode"))
+
+
+def _with_bundled_files(plan, src: Path):
+    """The plan with the bundle's Dockerfile, repro/ and tools/ in place of this lab's."""
+    bundled: list[ContextFile] = []
+    for rel in ("Dockerfile",):
+        if not (src / rel).is_file():
+            raise ScenarioError("the bundle has no Dockerfile.", file=str(src), field="Dockerfile")
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        rel = path.relative_to(src).as_posix()
+        if rel == "Dockerfile" or rel.startswith(("repro/", "tools/")):
+            bundled.append(ContextFile(rel, path.read_bytes()))
+    kept = [f for f in plan.files if not (f.arcname == "Dockerfile" or f.arcname.startswith(("repro/", "tools/")))]
+    files = tuple(sorted([*kept, *bundled], key=lambda f: f.arcname))
+    dockerfile = (src / "Dockerfile").read_text(encoding="utf-8", errors="replace")
+    same = _essential(dockerfile) == _essential(plan.dockerfile)
+    return replace(plan, dockerfile=dockerfile, files=files, digest=context_digest(files)), same
+
+
+def _essential(dockerfile: str) -> list[str]:
+    """The Dockerfile's lines but the one naming the scenario file it was rendered from."""
+    return [line for line in dockerfile.splitlines() if not line.startswith("# Rendered by")]
+
+
+def _write(run_dir: Path, bundle: Path, original: dict, result: dict, comparison: Comparison,
+           dockerfile_same: bool) -> None:
+    data = {"bundle": str(bundle), "same": comparison.same, "differences": [] if comparison.same else
+            list(comparison.lines), "original": {"verdict": original.get("verdict"), "case": original.get("case"),
+                                                  "started": original.get("started"),
+                                                  "lab_version": original.get("lab_version")},
+            "replay": {"verdict": result.get("verdict"), "run_dir": result.get("run_dir")},
+            "dockerfile_same_as_this_lab": dockerfile_same}
+    (run_dir / "replay.json").write_text(json.dumps(data, indent=2) + "\n")
+    lines = ["", "## Replay", "", f"Replayed from `{bundle.name}` (original verdict "
+             f"`{original.get('verdict')}`, run {original.get('started')}): **"
+             + ("same verdict, same signature" if comparison.same else "different") + "**.", ""]
+    if not comparison.same:
+        lines += [f"- {line}" for line in comparison.lines] + [""]
+    if not dockerfile_same:
+        lines += ["The bundled Dockerfile differs from what this lab version renders; the bundled one was used.", ""]
+    with (run_dir / "report.md").open("a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines))
+    ignore = run_dir / ".dockerignore"
+    if ignore.exists() and REPLAYED not in ignore.read_text().split():
+        with ignore.open("a") as fh:
+            fh.write(f"{REPLAYED}\nreplay-scenario.yaml\n")
