@@ -40,6 +40,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from .cache import cache_dir
 from .errors import LabError
@@ -47,7 +49,7 @@ from .hostpip import HostPip
 from .records import Events, no_events
 from .resolve import Case
 
-CROSS_INSTALL_VERSION = 1       # part of every cache key: bump it when the tree's layout changes
+CROSS_INSTALL_VERSION = 2       # part of every cache key: bump it when the tree's layout changes
 VENV_IN_IMAGE = "/opt/venv"
 PYTHON_IN_IMAGE = VENV_IN_IMAGE + "/bin/python"
 LOCK_FILE = ".lab-lock.txt"     # inside the tree: it goes into the image as /opt/venv/.lab-lock.txt
@@ -66,6 +68,10 @@ _BASE_GLIBC = (
 )
 _UV_GLIBC = ((2, 17), (2, 40))  # the manylinux range `uv --python-platform` knows
 _NO_WHEEL = ("no usable wheels", "no wheels with a matching", "building from source is disabled")
+# `python3 -m venv` seeds these (setuptools up to Python 3.11). Copying a second version over
+# them would leave two .dist-info folders, so uv leaves them out and pip in the image upgrades
+# the venv's own copy where a requirement needs a newer one (torch >= 2.10 wants setuptools>=77).
+SEEDED_BY_VENV = ("pip", "setuptools")
 
 
 class CrossInstallError(LabError):
@@ -115,15 +121,23 @@ class Locked:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """A requirement left to pip inside the image, and why."""
+    """A requirement left to pip inside the image, and why: `kind` is "no_wheel" (only an sdist,
+    or no wheel for this platform), "venv" (the image's venv brings its own copy) or "uv"
+    (uv found no solution for another reason, given in `reason`)."""
 
     requirement: str
     reason: str
-    no_wheel: bool
+    kind: str = "uv"
+
+    @property
+    def no_wheel(self) -> bool:
+        return self.kind == "no_wheel"
 
     def note(self, target: Target) -> str:
-        if self.no_wheel:
+        if self.kind == "no_wheel":
             return f"no wheel for {self.requirement} on {target.label}: installing it with pip inside the image"
+        if self.kind == "venv":
+            return f"{self.requirement}: {self.reason}"
         return (f"uv could not install {self.requirement} for {target.label} ({self.reason}): "
                 "installing it with pip inside the image")
 
@@ -240,21 +254,20 @@ def ensure_site(job: InstallJob, installer: Installer, events: Events = no_event
 
 def load_site(entry: Path, target: Target) -> Site | None:
     """A finished entry, or None (missing, half-written or damaged: it is then made again)."""
-    meta_path = entry.with_suffix(".json")
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+        meta = json.loads(entry.with_suffix(".json").read_text())
+        if meta.get("version") != CROSS_INSTALL_VERSION or not entry.is_dir():
+            return None
+        size, files = _quick_stat(entry)
+        if (size, files) != (meta["size"], meta["files"]):
+            return None
+        pending = tuple(Pending(**p) for p in meta["pending"])
+        return Site(target=target, root=entry, digest=meta["digest"], size=size, files=files,
+                    packages=tuple(Locked(**p) for p in meta["packages"]), pending=pending,
+                    notes=tuple(p.note(target) for p in pending), cached=True,
+                    lock_text=(entry / LOCK_FILE).read_text())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if meta.get("version") != CROSS_INSTALL_VERSION or not entry.is_dir():
-        return None
-    size, files = _quick_stat(entry)
-    if (size, files) != (meta["size"], meta["files"]):
-        return None
-    return Site(target=target, root=entry, digest=meta["digest"], size=size, files=files,
-                packages=tuple(Locked(**p) for p in meta["packages"]),
-                pending=tuple(Pending(**p) for p in meta["pending"]),
-                notes=tuple(Pending(**p).note(target) for p in meta["pending"]),
-                cached=True, lock_text=(entry / LOCK_FILE).read_text())
 
 
 def _make_entry(job: InstallJob, installer: Installer, entry: Path, events: Events) -> Site:
@@ -277,6 +290,7 @@ def _make_entry(job: InstallJob, installer: Installer, entry: Path, events: Even
     meta = {"version": CROSS_INSTALL_VERSION, "digest": digest, "size": size, "files": files,
             "requirements": list(job.requirements), "target": job.target.label, "tool": installed.tool,
             "seconds": round(time.monotonic() - started, 1),
+            "made": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
             "packages": [_asdict(p) for p in installed.packages],
             "pending": [_asdict(p) for p in installed.pending]}
     meta_tmp = entry.with_suffix(".json-new")
@@ -308,10 +322,11 @@ def lock_text(job: InstallJob, installed: Installed) -> str:
              f"# for {job.target.label} (--python-platform {job.target.uv_platform} "
              f"--python-version {job.target.python}), installed on the host with {installed.tool}",
              "# bytecode: " + ("compiled on the host (checked-hash .pyc)" if job.compile_bytecode else
-                               "not compiled (the host's Python is another version)"),
-             f"# made {datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"]
+                               "not compiled (the host's Python is another version)")]
     lines += [p.line() for p in sorted(installed.packages, key=lambda p: p.name)]
     lines += [f"# {p.note(job.target)}" for p in installed.pending]
+    lines += [f"# {', '.join(SEEDED_BY_VENV)}: the image's venv has its own; pip there upgrades them "
+              "if a requirement needs it"]
     return "\n".join(lines) + "\n"
 
 
@@ -474,7 +489,12 @@ def install_with_uv(job: InstallJob, prefix: Path) -> Installed:
               "--python-version", job.target.python, "--no-build", *job.host.uv_args()]
     with tempfile.TemporaryDirectory(prefix="lab-uv-") as work:
         lock = Path(work) / "pylock.toml"
-        wanted, pending = _resolvable(uv, common, job.requirements, lock, env, Path(work))
+        excludes = Path(work) / "excludes.txt"
+        excludes.write_text("\n".join(SEEDED_BY_VENV) + "\n")
+        seeded, asked = _split_seeded(job.requirements)
+        wanted, pending = (_resolvable(uv, [*common, "--excludes", str(excludes)], asked, lock, env, Path(work))
+                           if asked else ((), ()))
+        pending = seeded + pending
         if not wanted:
             return Installed((), pending, _uv_version(uv))
         args = ["pip", "install", "--prefix", str(prefix), *common, "-r", str(lock)]
@@ -482,6 +502,23 @@ def install_with_uv(job: InstallJob, prefix: Path) -> Installed:
             args.append("--compile-bytecode")
         _run_uv(uv, args, env, Path(work))
         return Installed(_read_pylock(lock, prefix), pending, _uv_version(uv))
+
+
+def _split_seeded(requirements: tuple[str, ...]) -> tuple[tuple[Pending, ...], tuple[str, ...]]:
+    """Requirements on what the venv seeds go to pip in the image; the rest to uv."""
+    seeded, rest = [], []
+    for req in requirements:
+        try:
+            name = canonicalize_name(Requirement(req).name)
+        except InvalidRequirement:
+            rest.append(req)  # uv says what is wrong with it
+            continue
+        if name in SEEDED_BY_VENV:
+            seeded.append(Pending(req, f"the image's venv has its own {name}; pip inside the image installs "
+                                       "the version asked for", "venv"))
+        else:
+            rest.append(req)
+    return tuple(seeded), tuple(rest)
 
 
 def _resolvable(uv: str, common: list[str], requirements: tuple[str, ...], lock: Path,
@@ -495,7 +532,7 @@ def _resolvable(uv: str, common: list[str], requirements: tuple[str, ...], lock:
     for req in requirements:
         err = _compile(uv, common, (req,), lock, env, cwd)
         if err is not None:
-            pending.append(Pending(req, _cause(err), any(s in err for s in _NO_WHEEL)))
+            pending.append(Pending(req, _cause(err), "no_wheel" if any(s in err for s in _NO_WHEEL) else "uv"))
     rest = tuple(r for r in requirements if r not in {p.requirement for p in pending})
     if not pending:
         raise CrossInstallError("uv resolves each requirement alone, but not all together: " + _cause(together))

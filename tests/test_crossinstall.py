@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -55,7 +56,8 @@ def fake_installer(job: InstallJob, prefix: Path) -> Installed:
         with open(log, "a") as fh:
             fh.write(f"{os.getpid()}\n")
         time.sleep(1.5)
-    pending = tuple(Pending(r, "no usable wheels", True) for r in job.requirements if r.startswith("sdist-only"))
+    pending = tuple(Pending(r, "no usable wheels", "no_wheel") for r in job.requirements
+                    if r.startswith("sdist-only"))
     return Installed((Locked("fake", "1.0", "fake-1.0-py3-none-any.whl", "ab" * 32),), pending, "fake")
 
 
@@ -176,6 +178,14 @@ def test_a_damaged_entry_is_made_again(cache: Path):
     assert (again.root / "lib/python3.11/site-packages/fake/__init__.py").is_file()
 
 
+def test_the_same_install_made_again_has_the_same_digest(cache: Path):
+    """Nothing in the tree depends on when it was made: clearing the cache keeps image tags."""
+    first = ensure_site(job(), fake_installer)
+    shutil.rmtree(cache / "site")
+    again = ensure_site(job(), fake_installer)
+    assert not again.cached and again.digest == first.digest
+
+
 def test_requirements_without_wheels_are_left_to_pip_and_said(cache: Path):
     events = []
     site = prepare_site(case(), HostPip(), lambda s, m: events.append((s, m)),
@@ -239,17 +249,19 @@ def test_real_uv_cross_installs_small_packages_for_aarch64(cache: Path, tmp_path
     events = []
     target = target_for(tiny)
     host = discover()
-    j = InstallJob(("six", "wheel", "docopt"), target, host,
+    j = InstallJob(("six", "wheel", "docopt", "setuptools>=70"), target, host,
                    compile_bytecode=f"{sys.version_info[0]}.{sys.version_info[1]}" == target.python,
                    uv_cache=cache / "uv")
     site = ensure_site(j, crossinstall.install_with_uv, lambda s, m: events.append(m))
     names = {p.name: p for p in site.packages}
     assert {"six", "wheel"} <= set(names) and "docopt" not in names, site.packages
     assert names["six"].wheel.endswith("-py2.py3-none-any.whl") and len(names["six"].sha256) == 64
-    assert [(p.requirement, p.no_wheel) for p in site.pending] == [("docopt", True)]
-    assert site.notes == ("no wheel for docopt on linux/arm64 cp311: installing it with pip inside the image",)
+    assert [(p.requirement, p.kind) for p in site.pending] == [("setuptools>=70", "venv"), ("docopt", "no_wheel")]
+    assert site.notes[1] == "no wheel for docopt on linux/arm64 cp311: installing it with pip inside the image"
+    assert "the image's venv has its own setuptools" in site.notes[0]
     packages = site.root / "lib" / "python3.11" / "site-packages"
     assert (packages / "six.py").is_file()
+    assert not list(packages.glob("setuptools*")) and not list(packages.glob("pip*"))  # the venv's own stay
     assert (site.root / "bin" / "wheel").read_text().startswith("#!/opt/venv/bin/python\n")
     if j.compile_bytecode:  # checked-hash .pyc: valid whatever mtime the build context gives the .py
         pyc = next((packages / "__pycache__").glob("six.cpython-311.pyc"))
