@@ -78,7 +78,7 @@ from lab.safetar import (
     _TooMuch,
     safe_extract,
 )
-from lab.scrub import scrub_text, secret_values
+from lab.scrub import is_secret_name, scrub_text, secret_values
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -521,6 +521,17 @@ def _read_result(run_dir: Path) -> dict[str, Any]:
     return result
 
 
+def _scenario_secrets(scenario: Mapping[str, Any]) -> dict[str, str]:
+    """Secret-named variables of the scenario's `env:` and `vars:`, as an environment for scrub_text."""
+    found: dict[str, str] = {}
+    for key in ("env", "vars"):
+        block = scenario.get(key)
+        if isinstance(block, dict):
+            found.update({str(k): str(v) for k, v in block.items() if isinstance(k, str) and is_secret_name(k)
+                          and isinstance(v, (str, int, float))})
+    return found
+
+
 def _read_scenario(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "scenario.yaml"
     try:
@@ -704,6 +715,7 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
     created = (created or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(microsecond=0)
     result = _read_result(run_path)
     scenario = _read_scenario(run_path)
+    env = {**_scenario_secrets(scenario), **env}  # a token in the scenario's env must not leak through stdout
     target_real = Path(os.path.realpath(target))
     planned, left_out = _plan(run_path, slim=slim, env=env, skip={target_real}, result=result, scenario=scenario,
                               bundle_name=target.name)

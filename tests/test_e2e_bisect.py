@@ -1,0 +1,65 @@
+"""A real bisection and a real matrix, arm64 under QEMU, through the `lab` CLI and the real engine.
+
+vmap-inside-compile fails on torch 2.3.x ("torch.func.vmap capture is disabled") and passes
+from 2.4.0. Its script stops in Dynamo's tracing, before any C++ compile, so each probe
+stays short under emulation. The matrix reuses the images the bisection built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import last_json, run_lab
+
+pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.timeout(3600)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
+    args = ["bisect", "vmap-inside-compile", "--from", "2.3.1", "--to", "2.4.1", "--arch", "arm64",
+            "--out", str(runs), "--json"]
+    proc = run_lab(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["status"] == "found", result
+    assert (result["from_verdict"], result["to_verdict"]) == ("reproduced", "not_reproduced")
+    assert (result["last_old"], result["first_new"]) == ("2.3.1", "2.4.0")
+    steps = {s["torch"]: s["verdict"] for s in result["steps"]}
+    assert steps == {"2.3.1": "reproduced", "2.4.1": "not_reproduced", "2.4.0": "not_reproduced"}
+    assert [s["torch"] for s in result["steps"]][:2] == ["2.3.1", "2.4.1"]  # both ends first
+    folder = Path(result["folder"])
+    md = (folder / "bisect.md").read_text()
+    assert "2.4.0" in md and "bisect.svg" in md and result["resume"] in md
+    assert "<svg" in (folder / "bisect.svg").read_text()
+    assert "torch.func.vmap capture is disabled" in (folder / "torch2.3.1" / "report.md").read_text()
+    assert "resume after an interruption with: lab bisect vmap-inside-compile" in proc.stderr
+
+    again = run_lab(*args)  # resumes: every probe already has a verdict in its folder
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("(from an earlier run)") == 3
+    assert last_json(again.stdout)["first_new"] == "2.4.0"
+
+
+def test_matrix_runs_every_cell_and_repeat_gives_a_rate(runs):
+    proc = run_lab("run", "vmap-inside-compile", "--torch", "2.3.1,2.4.1", "--arch", "arm64", "--no-diagnose",
+                   "--out", str(runs), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = last_json(proc.stdout)
+    cells = {c["cell"]: c["verdict"] for c in data["cells"]}
+    assert cells == {"vmap-inside-compile[torch=2.3.1,arch=arm64]": "reproduced",
+                     "vmap-inside-compile[torch=2.4.1,arch=arm64]": "not_reproduced"}
+    assert "vmap-inside-compile[torch=2.4.1,arch=arm64]" in proc.stderr  # the table
+
+    proc = run_lab("run", "vmap-inside-compile", "--torch", "2.3.1,2.4.1", "--arch", "arm64", "-k", "2.3.1",
+                   "--repeat", "2", "--no-diagnose", "--out", str(runs), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (cell,) = last_json(proc.stdout)["cells"]
+    assert cell["cell"] == "vmap-inside-compile[torch=2.3.1,arch=arm64]"
+    assert (cell["repeat"], cell["reproduced"], cell["rate"]) == (2, 2, 1.0)
+    assert "2/2 reproduced (100%)" in proc.stderr
