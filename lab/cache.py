@@ -1,4 +1,12 @@
-"""Host-side cache folders (platformdirs), created on demand."""
+"""Host-side cache folders (platformdirs, or LAB_CACHE_DIR), created on demand.
+
+    bases/   rootfs tarballs while a Debian base is bootstrapped (lab.base)
+    index/   the release lists of torch read from the package index (lab.releases)
+    uv/      uv's cache: each wheel downloaded once, for every build and bisect step (lab.crossinstall)
+    site/    venv trees cross-installed for images, one per key, with their digests (lab.crossinstall)
+
+Everything here can be deleted at any time; it is made again when needed.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +16,11 @@ from pathlib import Path
 import platformdirs
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("LAB_CACHE_DIR") or platformdirs.user_cache_dir("torch-repro-lab"))
+
+
 def cache_dir(*parts: str) -> Path:
-    root = Path(os.environ.get("LAB_CACHE_DIR") or platformdirs.user_cache_dir("torch-repro-lab"))
-    path = root.joinpath(*parts)
+    path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
