@@ -68,11 +68,15 @@ def find_candidates(scenario: Scenario, arch: str, old: str, new: str, host: Hos
 def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: str | None, engine: Engine,
                host: HostPip, runs_root: Path, events: Events = no_events, *, pre: bool = False,
                sets: dict[str, str] | None = None, on_probe: Callable[[Probe, bool], None] | None = None,
-               on_start: Callable[[list[str], Path, str], None] | None = None) -> BisectRun:
+               on_start: Callable[[list[str], Path, str], None] | None = None,
+               keep_images: bool = False) -> BisectRun:
     """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
 
     `on_start(candidates, folder, resume)` is called once the releases are known; `on_probe(probe,
-    reused)` after each probe. Raises LabError for bad input or when the engine itself fails."""
+    reused)` after each probe. Raises LabError for bad input or when the engine itself fails.
+
+    A bisection never probes a release twice, so the images its probes built are removed after
+    each probe unless `keep_images` (aarch64 torch from 2.11.0 makes images of about 7 GB)."""
     from .bisect_report import write_bisect_report
     from .pipeline import run_case
 
@@ -101,6 +105,10 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             outcome = run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=False,
                                collect_env=False)
             p = _probe_from(version, outcome.result, run_dir)
+            image = outcome.result.get("image") or {}
+            if not keep_images and image.get("cached") is False:
+                events("bisect", f"removing the probe's image {image['tag']} (keep it with --keep-images)")
+                engine.remove_image(image["tag"])
         except EngineError:
             raise  # the engine itself is gone: nothing else can run either
         except LabError as exc:  # this release cannot be set up here: a skip, never a boundary

@@ -310,6 +310,8 @@ def bisect_cmd(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Scenario variable NAME=VALUE.")] = None,
     pre: Annotated[bool, typer.Option("--pre", help="Include pre-releases among the candidates.")] = False,
+    keep_images: Annotated[bool, typer.Option("--keep-images", help="Keep the images the probes build "
+                                              "(by default each is removed after its probe).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix)."""
@@ -339,7 +341,8 @@ def bisect_cmd(
         try:
             with Progress() as progress:
                 run = run_bisect(loaded, scenario, old, new, arch, engine, discover(), runs_root, progress,
-                                 pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe, on_start=on_start)
+                                 pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe, on_start=on_start,
+                                 keep_images=keep_images)
         except KeyboardInterrupt:
             if resume:
                 err.print(f"resume with: [bold]{escape(resume[0])}[/]")

@@ -258,6 +258,16 @@ class Engine:
                 pass
         return len(containers), removed
 
+    def remove_image(self, ref: str) -> bool:
+        """Untag (and, when nothing else uses it, delete) one image; False when it was not there."""
+        try:
+            self.client.images.remove(ref, noprune=False)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine could not remove {ref}: {_short(exc)}") from None
+
     def managed_containers(self) -> list[str]:
         return [c.name for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}=true"})]
 

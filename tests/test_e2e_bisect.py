@@ -2,7 +2,7 @@
 
 vmap-inside-compile fails on torch 2.3.x ("torch.func.vmap capture is disabled") and passes
 from 2.4.0. Its script stops in Dynamo's tracing, before any C++ compile, so each probe
-stays short under emulation. The matrix reuses the images the bisection built.
+stays short under emulation. The matrix reuses the images the bisection kept (--keep-images).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def runs(tmp_path_factory) -> Path:
 
 def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
     args = ["bisect", "vmap-inside-compile", "--from", "2.3.1", "--to", "2.4.1", "--arch", "arm64",
-            "--out", str(runs), "--json"]
+            "--out", str(runs), "--json", "--keep-images"]
     proc = run_lab(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
