@@ -108,6 +108,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             image = outcome.result.get("image") or {}
             if not keep_images and image.get("cached") is False:
                 events("bisect", f"removing the probe's image {image['tag']} (keep it with --keep-images)")
+                engine.anchor_shared_layers(image["tag"])  # the apt and venv layers serve the next probe
                 engine.remove_image(image["tag"])
         except EngineError:
             raise  # the engine itself is gone: nothing else can run either

@@ -27,6 +27,7 @@ from .scenario import Arch
 
 LABEL = "org.torch-repro-lab.managed"
 LABELS = {LABEL: "true"}
+LAYERS_REPO = "torch-repro-lab/layers"  # anchors for shared layers (see anchor_shared_layers)
 OUT_IN_CONTAINER = "/out"
 _POLL_S = 2.0
 # After QEMU's crash line (seen with aarch64 torch 2.13.0 and 2.15.0 under qemu-user 7.2) the
@@ -249,6 +250,7 @@ class Engine:
         for c in containers:
             _remove(c)
         images = self.client.images.list(filters={"label": f"{LABEL}=true"})
+        images += self.client.images.list(name=LAYERS_REPO)
         removed = 0
         for img in images:
             try:
@@ -257,6 +259,22 @@ class Engine:
             except docker.errors.APIError:
                 pass
         return len(containers), removed
+
+    def anchor_shared_layers(self, ref: str, marker: str = "python3 -m venv") -> str | None:
+        """Tag the newest layer of `ref` built by a step containing `marker` (the system packages and
+        the venv, shared by every torch version of a scenario), so that removing `ref` keeps it."""
+        try:
+            history = self.client.api.history(ref)
+        except docker.errors.APIError:
+            return None
+        for entry in history:  # newest first
+            layer = entry.get("Id") or ""
+            if marker in (entry.get("CreatedBy") or "") and layer.startswith("sha256:"):
+                tag = f"{LAYERS_REPO}:{layer.removeprefix('sha256:')[:16]}"
+                with contextlib.suppress(docker.errors.APIError):
+                    self.client.api.tag(layer, LAYERS_REPO, layer.removeprefix("sha256:")[:16])
+                    return tag
+        return None
 
     def remove_image(self, ref: str) -> bool:
         """Untag (and, when nothing else uses it, delete) one image; False when it was not there."""
