@@ -296,7 +296,7 @@ def _make_entry(job: InstallJob, installer: Installer, entry: Path, events: Even
     meta_tmp = entry.with_suffix(".json-new")
     meta_tmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(meta_tmp, entry.with_suffix(".json"))
-    events("site", f"{len(installed.packages)} packages, {size / 1e6:.0f} MB, in {meta['seconds']} s")
+    events("site", f"installed {len(installed.packages)} packages ({size / 1e6:.0f} MB) in {meta['seconds']} s")
     return Site(target=job.target, root=entry, digest=digest, size=size, files=files,
                 packages=installed.packages, pending=installed.pending,
                 notes=tuple(p.note(job.target) for p in installed.pending), lock_text=text)
