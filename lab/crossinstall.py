@@ -302,6 +302,15 @@ def _make_entry(job: InstallJob, installer: Installer, entry: Path, events: Even
                 notes=tuple(p.note(job.target) for p in installed.pending), lock_text=text)
 
 
+def unfinished(site_root: Path) -> list[Path]:
+    """What a process that died while making entries left under `<cache>/site`: a `.tmp` folder,
+    a `.json-new` file, or a folder without its `.json` (the next maker removes each of them)."""
+    if not site_root.is_dir():
+        return []
+    return sorted(p for p in site_root.iterdir()
+                  if p.suffix in (".tmp", ".json-new") or (p.is_dir() and not p.with_suffix(".json").is_file()))
+
+
 def _asdict(obj) -> dict:
     return {name: getattr(obj, name) for name in obj.__slots__}
 

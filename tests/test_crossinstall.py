@@ -23,6 +23,7 @@ from lab.crossinstall import (
     site_key,
     target_for,
     tree_digest,
+    unfinished,
     walk_tree,
 )
 from lab.hostpip import HostPip, discover
@@ -178,6 +179,16 @@ def test_a_damaged_entry_is_made_again(cache: Path):
     assert (again.root / "lib/python3.11/site-packages/fake/__init__.py").is_file()
 
 
+def test_what_a_dead_maker_leaves_is_found_and_cleared(cache: Path):
+    key = site_key(job())
+    site_dir = cache / "site"
+    (site_dir / f"{key}.tmp" / "lib").mkdir(parents=True)  # died while uv was installing
+    (site_dir / key).mkdir()                               # ... or between the rename and the .json
+    assert unfinished(site_dir) == [site_dir / key, site_dir / f"{key}.tmp"]
+    site = ensure_site(job(), fake_installer)
+    assert not site.cached and unfinished(site_dir) == []
+
+
 def test_the_same_install_made_again_has_the_same_digest(cache: Path):
     """Nothing in the tree depends on when it was made: clearing the cache keeps image tags."""
     first = ensure_site(job(), fake_installer)
@@ -236,6 +247,7 @@ def test_two_processes_making_one_entry_at_once(cache: Path, tmp_path: Path):
     assert any("waiting for another lab process" in err for _, err in outputs)
     site_dir = cache / "site"
     assert sorted(p.suffix for p in site_dir.iterdir()) == ["", ".json", ".lock"]
+    assert unfinished(site_dir) == []
     assert tree_digest(Path(results[0][1]))[0] == results[0][0]
 
 
