@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .loader import DuplicateRuntime, describe, find_duplicate_runtimes, parse_dir
+from .loader import RUNTIME_FAMILIES, DuplicateRuntime, describe, family_of, find_duplicate_runtimes, parse_dir
 from .records import EMULATOR_CRASH, RawRun, RunLimits, format_bytes
 from .tracebacks import ExceptionInfo, extract_exceptions
 
@@ -23,6 +24,7 @@ class Evidence:
     duplicate_runtimes: tuple[DuplicateRuntime, ...]
     exceptions: tuple[ExceptionInfo, ...]  # every traceback in stderr, in order
     emulator_crash: str | None           # the QEMU line, when the emulator itself crashed
+    single_runtimes: tuple[tuple[str, str, int], ...] = ()  # (family, the one file, processes) w/o duplicates
     limits: RunLimits | None = None      # how the container was confined
     stopped_for: str | None = None       # why the lab stopped the container early
 
@@ -44,6 +46,11 @@ class Evidence:
     def plain_words(self) -> list[str]:
         """Evidence sentences for report.md."""
         lines = [describe(d) for d in self.duplicate_runtimes]
+        for family, path, count in self.single_runtimes:
+            if family in ("libgomp", "libiomp5", "libomp"):  # the families a reader looks for first
+                label = RUNTIME_FAMILIES[family].label
+                lines.append(f"one {label} runtime in every process that loaded one: {path} "
+                             f"({count} process{'es' if count != 1 else ''})")
         if self.exception:
             lines.append(f"the script raised `{self.exception.headline}`")
             gb = self.exception.graph_break
@@ -78,6 +85,7 @@ class Evidence:
             "exception": None if exc is None else _exception_json(exc),
             "exceptions": [_exception_json(e) for e in self.exceptions],
             "emulator_crash": self.emulator_crash,
+            "single_runtimes": [{"family": f, "path": p, "processes": n} for f, p, n in self.single_runtimes],
             "stopped_for": self.stopped_for,
             "limits": None if self.limits is None else {
                 "memory_bytes": self.limits.memory_bytes, "pids": self.limits.pids,
@@ -99,6 +107,27 @@ def _exception_json(exc: ExceptionInfo) -> dict:
         out["graph_break"] = {"reason": gb.reason, "explanation": gb.explanation,
                               "hints": list(gb.hints), "user_code": list(gb.user_code)}
     return out
+
+
+def _single_runtimes(procs) -> tuple[tuple[str, str, int], ...]:
+    """Runtime families of which every process initialised at most one file, and the same one
+    everywhere: the evidence that a duplicate-runtime bug did not happen (with its one path)."""
+    seen: dict[str, dict[str, int]] = {}
+    duplicated: set[str] = set()
+    for loads in procs.values():
+        per_proc: dict[str, set[str]] = {}
+        for obj in loads.initialised:
+            family = family_of(obj.path)
+            if family:
+                per_proc.setdefault(family, set()).add(os.path.normpath(obj.path))
+        for family, paths in per_proc.items():
+            if len(paths) > 1:
+                duplicated.add(family)
+            for path in paths:
+                seen.setdefault(family, {}).setdefault(path, 0)
+                seen[family][path] += 1
+    return tuple((family, next(iter(paths)), next(iter(paths.values())))
+                 for family, paths in sorted(seen.items()) if family not in duplicated and len(paths) == 1)
 
 
 def read_text(path: Path, limit: int | None = None) -> str:
@@ -126,6 +155,7 @@ def analyze(raw: RawRun) -> Evidence:
         duplicate_runtimes=tuple(find_duplicate_runtimes(procs)),
         exceptions=tuple(extract_exceptions(stderr)),
         emulator_crash=crash,
+        single_runtimes=_single_runtimes(procs),
         limits=raw.limits,
         stopped_for=raw.stopped_for,
     )
