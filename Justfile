@@ -23,7 +23,10 @@ lint:
 
 # Benchmarks: scripts that print ratios measured side by side
 bench:
-    for b in bench/*.py; do {{venv}}/python "$b"; done
+    {{venv}}/python bench/loader_parse.py
+    {{venv}}/python bench/bisect_cost
+    {{venv}}/python bench/warm_run
+    {{venv}}/python bench/build_emulated
 
 # Run the lab itself in a container against the host engine (base: pulled or bootstrapped)
 compose-doctor:

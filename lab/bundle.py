@@ -819,7 +819,9 @@ def replay_instructions(bundle_name: str, result: Mapping[str, Any], *, scenario
         REPLAY_HEADING, "",
         "With the lab (install it as its README says), which checks the bundle, rebuilds the image for "
         f"{platform} and tells whether the replay fails the same way:", "",
-        "```sh", f"lab replay {shlex.quote(bundle_name)}", "```", "",
+        "```sh",
+        "pip install ./torch-repro-lab   # a checkout of the lab; its bin/setup also installs Docker and QEMU",
+        f"lab replay {shlex.quote(bundle_name)}", "```", "",
         "With Docker alone:", "",
         "```sh",
         f"tar xzf {shlex.quote(bundle_name)}",
