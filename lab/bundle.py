@@ -820,7 +820,7 @@ def replay_instructions(bundle_name: str, result: Mapping[str, Any], *, scenario
         "With the lab (install it as its README says), which checks the bundle, rebuilds the image for "
         f"{platform} and tells whether the replay fails the same way:", "",
         "```sh",
-        "pip install ./torch-repro-lab   # a checkout of the lab; its bin/setup also installs Docker and QEMU",
+        "pip install ./torch-repro-lab   # a checkout of the lab; its bin/setup also sets up Docker",
         f"lab replay {shlex.quote(bundle_name)}", "```", "",
         "With Docker alone:", "",
         "```sh",

@@ -470,6 +470,7 @@ def test_replay_instructions_plain() -> None:
     text = replay_instructions("b.tar.gz", {"arch": "amd64", "run_dir": "runs/s/run-1"})
     assert text.startswith(REPLAY_HEADING + "\n")
     assert "lab replay b.tar.gz" in text and "tar xzf b.tar.gz" in text and "cd run-1" in text
+    assert "pip install ./torch-repro-lab" in text
     assert "docker build --platform linux/amd64 --build-arg BASE=debian:bookworm -t repro ." in text
     assert "docker run --rm --platform linux/amd64 --network none -e LD_DEBUG=libs,files repro" in text
     assert "QEMU" not in text
