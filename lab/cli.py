@@ -266,6 +266,9 @@ def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, op
         table.add_row(escape(cell.name), f"[{colour}]{cell.verdict}[/]",
                       *([cell.rate_words()] if repeat > 1 else []), escape(str(last)))
     err.print(table)
+    if repeat > 1:  # the rates on lines of their own, whatever the terminal's width
+        for cell in cells:
+            err.print(f"{escape(cell.name)}: {cell.rate_words()}", soft_wrap=True)
     if as_json:
         out.print(json.dumps(matrix_json(cases[0].scenario, cells)), markup=False)
 
