@@ -34,7 +34,7 @@ from lab.bundle import (
     write_bundle,
 )
 
-REAL_RUN = Path(__file__).resolve().parent.parent / "runs" / "libgomp-aarch64" / "20261122T120958Z-torch2.5.1-arm64"
+REAL_RUN = Path(__file__).resolve().parent / "data" / "run-folders" / "20261122T120958Z-torch2.5.1-arm64"  # a real run
 CREATED = datetime(2026, 11, 22, 12, 30, tzinfo=timezone.utc)
 SECRET = "hf_SuperSecretValue123"
 HOME = "/home/ana"
@@ -260,7 +260,6 @@ def test_not_a_run_folder(tmp_path: Path) -> None:
     assert not (tmp_path / "x.tar.gz").exists()
 
 
-@pytest.mark.skipif(not REAL_RUN.is_dir(), reason="the sample run folder is not here")
 def test_real_run_folder(tmp_path: Path) -> None:
     full = write_bundle(REAL_RUN, tmp_path / "full.tar.gz", env={}, created=CREATED)
     slim = write_bundle(REAL_RUN, tmp_path / "slim.tar.gz", slim=True, env={}, created=CREATED)
