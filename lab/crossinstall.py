@@ -28,7 +28,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from .cache import cache_dir
 from .errors import LabError
 from .hostpip import HostPip
 from .records import Events, no_events
-from .resolve import Case
+from .resolve import Case, base_glibc
 
 CROSS_INSTALL_VERSION = 2       # part of every cache key: bump it when the tree's layout changes
 VENV_IN_IMAGE = "/opt/venv"
@@ -57,15 +56,6 @@ LOCK_WAIT_S = 3 * 3600          # another process may be downloading 5 GB of CUD
 UV_TIMEOUT_S = 3 * 3600
 SOURCE_DATE_EPOCH = "315532800"  # set => py_compile writes checked-hash .pyc (valid whatever the mtime)
 
-# glibc of each base distribution (wheels up to manylinux_2_<N> load there); unknown bases: 2.28.
-_BASE_GLIBC = (
-    (re.compile(r"debian:(bookworm|12)"), (2, 36)),
-    (re.compile(r"debian:(trixie|13)"), (2, 41)),
-    (re.compile(r"debian:(bullseye|11)"), (2, 31)),
-    (re.compile(r"ubuntu:?(22\.04|jammy)"), (2, 35)),
-    (re.compile(r"ubuntu:?(24\.04|noble)"), (2, 39)),
-    (re.compile(r"ubuntu:?(20\.04|focal)"), (2, 31)),
-)
 _UV_GLIBC = ((2, 17), (2, 40))  # the manylinux range `uv --python-platform` knows
 _NO_WHEEL = ("no usable wheels", "no wheels with a matching", "building from source is disabled")
 # `python3 -m venv` seeds these (setuptools up to Python 3.11). Copying a second version over
@@ -101,8 +91,7 @@ def target_for(case: Case) -> Target | None:
     """None when the base image's Python version is unknown (CUDA images, other distributions)."""
     if case.python is None:
         return None
-    glibc = next((v for pattern, v in _BASE_GLIBC if pattern.search(case.scenario.base)), (2, 28))
-    return Target(case.arch.value, case.arch.uname, case.python, glibc)
+    return Target(case.arch.value, case.arch.uname, case.python, base_glibc(case.scenario.base))
 
 
 @dataclass(frozen=True, slots=True)

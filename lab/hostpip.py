@@ -39,14 +39,14 @@ class HostPip:
 
     @property
     def remote_indexes(self) -> tuple[str, ...]:
-        return tuple(u for u in self.extra_index_urls if not _is_local(u))
+        return tuple(u for u in self.extra_index_urls if not is_local(u))
 
     @property
     def local_sources(self) -> tuple[str, ...]:
         """find-links folders and file:// indexes: they must travel as files."""
-        urls = [u for u in self.find_links if _is_local(u)]
-        urls += [u for u in self.extra_index_urls if _is_local(u)]
-        if self.index_url and _is_local(self.index_url):
+        urls = [u for u in self.find_links if is_local(u)]
+        urls += [u for u in self.extra_index_urls if is_local(u)]
+        if self.index_url and is_local(self.index_url):
             urls.append(self.index_url)
         return tuple(urls)
 
@@ -55,11 +55,11 @@ class HostPip:
         lines = ["[global]"]
         if ca_path:
             lines.append(f"cert = {ca_path}")
-        if self.index_url and not _is_local(self.index_url):
+        if self.index_url and not is_local(self.index_url):
             lines.append(f"index-url = {self.index_url}")
         if self.remote_indexes:
             lines.append("extra-index-url = " + " ".join(self.remote_indexes))
-        remote_links = [u for u in self.find_links if not _is_local(u)]
+        remote_links = [u for u in self.find_links if not is_local(u)]
         lines.append("find-links = " + " ".join([wheel_dir, *remote_links]))
         if self.trusted_hosts:
             lines.append("trusted-host = " + " ".join(self.trusted_hosts))
@@ -94,12 +94,13 @@ class HostPip:
         return out
 
 
-def _is_local(url: str) -> bool:
+def is_local(url: str) -> bool:
+    """A find-links folder or a file:// index: it exists on this host only."""
     scheme = urlparse(url).scheme
     return scheme in ("", "file")
 
 
-def _to_path(url: str) -> Path:
+def to_path(url: str) -> Path:
     parsed = urlparse(url)
     return Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(url)
 
@@ -167,7 +168,7 @@ class _Links(html.parser.HTMLParser):
 
 def _candidates(source: str, project: str) -> list[Path]:
     """Wheel files a local source offers for `project` (a find-links folder or a file:// index)."""
-    root = _to_path(source)
+    root = to_path(source)
     if not root.is_dir():
         return []
     page = root / project / "index.html"
@@ -175,7 +176,7 @@ def _candidates(source: str, project: str) -> list[Path]:
         parser = _Links()
         parser.feed(page.read_text(encoding="utf-8", errors="replace"))
         base = page.as_uri()
-        return [_to_path(urljoin(base, h.split("#", 1)[0])) for h in parser.hrefs]
+        return [to_path(urljoin(base, h.split("#", 1)[0])) for h in parser.hrefs]
     return sorted(p for p in root.iterdir() if p.suffix == ".whl")
 
 

@@ -32,13 +32,14 @@ from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse, urlunparse
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from . import cache
 from .errors import LabError
-from .hostpip import HostPip
+from .hostpip import HostPip, is_local, to_path
+from .resolve import wheel_tags
 from .scenario import Arch
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -67,21 +68,6 @@ class IndexFile:
 
 
 # -- public API -------------------------------------------------------------------------------------
-
-def wheel_tags(python: str, arch: Arch | str) -> frozenset[Tag]:
-    """The wheel tags a Linux CPython `python` ("3.11") on `arch` accepts.
-
-    Like `Case.wheel_tags`, plus the legacy `manylinux2010`/`manylinux1` names
-    (glibc 2.12/2.5): PyPI's x86_64 torch wheels up to 2.6.0 carry `manylinux1_x86_64`.
-    """
-    major, minor = (int(x) for x in python.split(".")[:2])
-    machine = Arch.parse(arch).uname
-    platforms = [f"manylinux_2_{n}_{machine}" for n in range(40, 4, -1)]
-    platforms += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}",
-                  f"linux_{machine}"]
-    return frozenset([*cpython_tags((major, minor), platforms=platforms),
-                      *compatible_tags((major, minor), platforms=platforms)])
-
 
 def describe(python: str, arch: Arch | str) -> str:
     """What a candidate needs, in words: `aarch64 cp311 wheel`."""
@@ -190,8 +176,8 @@ def _locate(ordered: list[str], wanted: str, what: str, option: str) -> int:
 
 def _files(kind: str, url: str, name: str, *, host: HostPip, folder: Path, refresh: bool, timeout: float,
            max_age_s: float) -> list[IndexFile]:
-    if _is_local(url):
-        return _local_files(kind, _to_path(url), name)
+    if is_local(url):
+        return _local_files(kind, to_path(url), name)
     page = page_url(url, name) if kind == "index" else url
     path = folder / f"{name}-{hashlib.sha256(page.encode()).hexdigest()[:20]}.json"
     if not refresh and (cached := _read_cache(path, page, max_age_s)) is not None:
@@ -339,15 +325,6 @@ def _redact(url: str) -> str:
         return url
     parts = urlparse(bare)
     return urlunparse(parts._replace(netloc="***@" + parts.netloc))
-
-
-def _is_local(url: str) -> bool:
-    return urlparse(url).scheme in ("", "file")
-
-
-def _to_path(url: str) -> Path:
-    parsed = urlparse(url)
-    return Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(url)
 
 
 # -- cache ------------------------------------------------------------------------------------------

@@ -33,11 +33,11 @@ from .hostpip import HostPip
 from .records import Events, no_events
 from .render import ContextFile, context_digest, plan_build
 from .resolve import Case, resolve
-from .scenario import _compose, _read_text, load_scenario
+from .scenario import load_scenario, read_yaml
 from .scrub import MASK
 
 REPLAYED = "replayed"
-_TAKEN_FROM_BUNDLE = ("Dockerfile", "repro/", "tools/")
+_FROM_BUNDLE = ("repro/", "tools/")  # and the Dockerfile: the repro itself; the rest is this host's
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def _case_from(src: Path, bundle: Path) -> Case:
     path = src / "scenario.yaml"
     if not path.is_file():
         raise ScenarioError("the bundle has no scenario.yaml.", file=str(bundle), field="scenario.yaml")
-    data, _ = _compose(_read_text(path, str(path)), str(path))
+    data, _ = read_yaml(path)
     resolved = data.pop("resolved", None)
     if not isinstance(resolved, dict):
         raise ScenarioError("the bundled scenario.yaml has no `resolved` block (torch, arch, backend).",
@@ -124,19 +124,19 @@ def _case_from(src: Path, bundle: Path) -> Case:
 
 def _with_bundled_files(plan, src: Path):
     """The plan with the bundle's Dockerfile, repro/ and tools/ in place of this lab's."""
-    bundled: list[ContextFile] = []
-    for rel in ("Dockerfile",):
-        if not (src / rel).is_file():
-            raise ScenarioError("the bundle has no Dockerfile.", file=str(src), field="Dockerfile")
-    for path in sorted(p for p in src.rglob("*") if p.is_file()):
-        rel = path.relative_to(src).as_posix()
-        if rel == "Dockerfile" or rel.startswith(("repro/", "tools/")):
-            bundled.append(ContextFile(rel, path.read_bytes()))
-    kept = [f for f in plan.files if not (f.arcname == "Dockerfile" or f.arcname.startswith(("repro/", "tools/")))]
+    if not (src / "Dockerfile").is_file():
+        raise ScenarioError("the bundle has no Dockerfile.", file=str(src), field="Dockerfile")
+    bundled = [ContextFile(rel, path.read_bytes()) for path in sorted(src.rglob("*"))
+               if path.is_file() and _from_bundle(rel := path.relative_to(src).as_posix())]
+    kept = [f for f in plan.files if not _from_bundle(f.arcname)]
     files = tuple(sorted([*kept, *bundled], key=lambda f: f.arcname))
     dockerfile = (src / "Dockerfile").read_text(encoding="utf-8", errors="replace")
     same = _essential(dockerfile) == _essential(plan.dockerfile)
     return replace(plan, dockerfile=dockerfile, files=files, digest=context_digest(files)), same
+
+
+def _from_bundle(arcname: str) -> bool:
+    return arcname == "Dockerfile" or arcname.startswith(_FROM_BUNDLE)
 
 
 def _essential(dockerfile: str) -> list[str]:

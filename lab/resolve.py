@@ -15,23 +15,39 @@ from .scenario import Arch, Scenario
 BACKENDS = ("eager", "aot_eager", "inductor")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-# The python3 that each base distribution ships (what `apt-get install python3` gives).
-_BASE_PYTHON = (
-    (re.compile(r"debian:(bookworm|12)"), "3.11"),
-    (re.compile(r"debian:(trixie|13)"), "3.13"),
-    (re.compile(r"debian:(bullseye|11)"), "3.9"),
-    (re.compile(r"ubuntu:?(22\.04|jammy)"), "3.10"),
-    (re.compile(r"ubuntu:?(24\.04|noble)"), "3.12"),
-    (re.compile(r"ubuntu:?(20\.04|focal)"), "3.8"),
+# What each base distribution ships: its python3 (what `apt-get install python3` gives) and its
+# glibc (wheels tagged up to manylinux_2_<N> load there).
+_BASES = (
+    (re.compile(r"debian:(bookworm|12)"), "3.11", (2, 36)),
+    (re.compile(r"debian:(trixie|13)"), "3.13", (2, 41)),
+    (re.compile(r"debian:(bullseye|11)"), "3.9", (2, 31)),
+    (re.compile(r"ubuntu:?(22\.04|jammy)"), "3.10", (2, 35)),
+    (re.compile(r"ubuntu:?(24\.04|noble)"), "3.12", (2, 39)),
+    (re.compile(r"ubuntu:?(20\.04|focal)"), "3.8", (2, 31)),
 )
+DEFAULT_GLIBC = (2, 28)
 
 
 def base_python(base: str) -> str | None:
     """The Python version of a base image's `python3` package, when the base is a known distribution."""
-    for pattern, version in _BASE_PYTHON:
-        if pattern.search(base):
-            return version
-    return None
+    return next((python for pattern, python, _ in _BASES if pattern.search(base)), None)
+
+
+def base_glibc(base: str) -> tuple[int, int]:
+    """The glibc of a base image; manylinux_2_28 for a distribution the lab does not know."""
+    return next((glibc for pattern, _, glibc in _BASES if pattern.search(base)), DEFAULT_GLIBC)
+
+
+def wheel_tags(python: str, arch: Arch | str) -> frozenset[Tag]:
+    """The wheel tags a Linux CPython `python` ("3.11") on `arch` accepts, the legacy
+    `manylinux2010`/`manylinux1` names included (PyPI's x86_64 torch up to 2.6.0 has them)."""
+    major, minor = (int(x) for x in python.split(".")[:2])
+    machine = Arch.parse(arch).uname
+    platforms = [f"manylinux_2_{n}_{machine}" for n in range(40, 4, -1)]
+    platforms += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}",
+                  f"linux_{machine}"]
+    return frozenset([*cpython_tags((major, minor), platforms=platforms),
+                      *compatible_tags((major, minor), platforms=platforms)])
 
 
 def parse_arch(value: str | None, option: str = "--arch") -> str | None:
@@ -84,16 +100,7 @@ class Case:
     @cached_property
     def wheel_tags(self) -> frozenset[Tag]:
         """Wheel tags the image's Python accepts (used to pick host-local wheels)."""
-        if self.python is None:
-            return frozenset()
-        major, minor = (int(x) for x in self.python.split(".")[:2])
-        machine = self.arch.uname
-        platforms = [f"manylinux_2_{n}_{machine}" for n in range(40, 16, -1)]
-        platforms += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}",
-                      f"linux_{machine}"]
-        tags = list(cpython_tags((major, minor), platforms=platforms))
-        tags += list(compatible_tags((major, minor), platforms=platforms))
-        return frozenset(tags)
+        return frozenset() if self.python is None else wheel_tags(self.python, self.arch)
 
     def run_env(self) -> dict[str, str]:
         """Environment for the repro script: scenario env, then variables, then the backend."""

@@ -54,6 +54,7 @@ __all__ = [
     "list_scenarios",
     "load_scenario",
     "parse_size",
+    "read_yaml",
 ]
 
 # The runtime families the loader-log analysis can tell apart (one table, in lab.loader).
@@ -895,9 +896,16 @@ def default_scenarios_dir() -> Path:
 SCENARIOS_DIR: Path = default_scenarios_dir()
 
 
+def read_yaml(path: Path) -> tuple[Any, dict[_Path, int]]:
+    """A scenario file's mapping and the line of each key, read with the loader's limits (size,
+    UTF-8, no anchors or aliases); any problem is a ScenarioError naming the file and line."""
+    file = _display(path)
+    return _compose(_read_text(path, file), file)
+
+
 def _load_file(path: Path) -> Scenario:
     file = _display(path)
-    data, lines = _compose(_read_text(path, file), file)
+    data, lines = read_yaml(path)
     if "source" in data:
         message, hint = _unknown_key("source", _allowed_keys(()))
         raise _err(
