@@ -489,6 +489,26 @@ def clean() -> None:
     _guard(body)
 
 
+@app.command("schema")
+def schema_cmd(
+    name: Annotated[str | None, typer.Argument(help="run, evidence, bisect, matrix, ablation or bundle-manifest "
+                                               "(default: all of them).", show_default=False)] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write <name>.schema.json files into this "
+                                                 "folder instead of printing.")] = None,
+) -> None:
+    """Print (or write) the JSON Schemas of result.json, the --json outputs and the bundle manifest."""
+    def body() -> None:
+        from .schemas import json_schema, names, render, write_schemas
+        if out_dir is not None:
+            for path in write_schemas(out_dir, [name] if name else None):
+                out.print(str(path), markup=False)
+        elif name:
+            sys.stdout.write(render(name))
+        else:
+            sys.stdout.write(json.dumps({n: json_schema(n) for n in names()}, indent=2) + "\n")
+    _guard(body)
+
+
 def main() -> None:  # pragma: no cover
     try:
         app()

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -461,22 +461,43 @@ def read_result(run_dir: Path | str, *, where: str | None = None) -> RunResult |
     """
     path = Path(run_dir) / RESULT_NAME
     name = where or str(path)
+    missing = "" if where else f", so {run_dir} is not a run folder"
+    return parse_result(_read_bytes(path, name, missing), name)
+
+
+DocumentT = TypeVar("DocumentT", bound=Document)
+
+
+def read_document(path: Path | str, model: type[DocumentT]) -> DocumentT:
+    """Another document (bisect.json, ablation.json, evidence.json) through its model, checked like
+    result.json: its kind, and a schema version this lab reads (one without is lab 0.1.0's, whose
+    fields these documents kept)."""
+    name = str(path)
+    data = _parse_json(_read_bytes(Path(path), name, ""), name)
+    kind = model.model_fields["kind"].default
+    _schema_version(data, name, kind)
+    try:
+        return model.model_validate({**data, "schema_version": SCHEMA_VERSION, "kind": kind})
+    except ValidationError as exc:
+        raise ResultError(f"{name}: {validation_problem(exc)}.", hint=_more(exc) + _DAMAGED) from None
+
+
+def _read_bytes(path: Path, name: str, missing: str) -> bytes:
     try:
         if path.is_symlink() or not path.is_file():
             raise FileNotFoundError
         with path.open("rb") as handle:
             raw = handle.read(_MAX_RESULT_BYTES + 1)
     except FileNotFoundError:
-        raise ResultError(f"{name}: there is no such file" + ("" if where else f", so {run_dir} is not a run folder")
-                          + ".",
+        raise ResultError(f"{name}: there is no such file{missing}.",
                           hint="Pass a folder that `lab run` made, such as "
                                "runs/<scenario>/<time>-torch<v>-<arch>.") from None
     except OSError as exc:
         raise ResultError(f"{name}: cannot be read ({exc.strerror or exc}).") from None
     if len(raw) > _MAX_RESULT_BYTES:
-        raise ResultError(f"{name}: is larger than {_MAX_RESULT_BYTES >> 20} MiB, so it is no result.json.",
+        raise ResultError(f"{name}: is larger than {_MAX_RESULT_BYTES >> 20} MiB, more than any result.",
                           hint=_DAMAGED)
-    return parse_result(raw, name)
+    return raw
 
 
 _DAMAGED = "The run folder is damaged or was not made by `lab run`; run the scenario again."
@@ -498,7 +519,7 @@ def parse_result(raw: bytes | str, where: str) -> RunResult | UnfinishedRun:
 
 def _parse_json(raw: bytes | str, where: str) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)  # UTF-8 only, no guessing
     except UnicodeDecodeError as exc:
         raise ResultError(f"{where}: is not UTF-8 text (byte {exc.start}).", hint=_DAMAGED) from None
     except json.JSONDecodeError as exc:

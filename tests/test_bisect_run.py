@@ -136,19 +136,15 @@ def test_resume_command_is_exact():
     assert cmd == "lab bisect libgomp-aarch64 --from 2.5.1 --to 2.15.0 --arch arm64 --out 'my runs' --pre"
 
 
-def test_probe_images_are_removed_unless_kept(setup):
-    go, _ = setup
-    engine = FakeEngine()
+def test_probe_images_are_removed_unless_kept(tmp_path):
+    scenario = tiny_scenario(tmp_path, BODY)
     verdicts = dict.fromkeys(VERSIONS, "reproduced")
-    scenario = tiny_scenario(setup[1], BODY)
-    bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=engine, host=HostPip(),
-                          runs_root=setup[1] / "kept", run_case=FakeRuns(verdicts), candidates=releases)
-    assert engine.removed == ["torch-repro-lab/case:b-2.3.0", "torch-repro-lab/case:b-2.5.0"]
-    kept = FakeEngine()
-    bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=kept, host=HostPip(),
-                          runs_root=setup[1] / "kept2", run_case=FakeRuns(verdicts), candidates=releases,
-                          keep_images=True)
-    assert kept.removed == []
+    for keep, root in ((False, "removed"), (True, "kept")):
+        engine = FakeEngine()
+        bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=engine, host=HostPip(),
+                              runs_root=tmp_path / root, run_case=FakeRuns(verdicts), candidates=releases,
+                              keep_images=keep)
+        assert engine.removed == ([] if keep else ["torch-repro-lab/case:b-2.3.0", "torch-repro-lab/case:b-2.5.0"])
 
 
 def test_a_probe_folder_from_the_unversioned_layout_is_reused(setup):
