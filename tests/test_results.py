@@ -176,3 +176,18 @@ def test_other_documents_are_read_through_their_models(tmp_path):
     (tmp_path / "bisect.json").write_text(json.dumps({**bisect, "status": "done"}))
     with pytest.raises(ResultError, match=r"bisect.json: field `status`: Input should be 'found'"):
         read_document(tmp_path / "bisect.json", BisectResult)
+
+
+def test_a_failed_build_writes_an_error_result(tmp_path):
+    """No run happened: no evidence, no image, and still a complete result of schema 1."""
+    from lab.judge import build_failed
+    case = resolve(load_scenario("libgomp-amd64", SCENARIOS))
+    rec = report.RunRecord(case=case, run_dir=tmp_path, judgement=build_failed("pip could not find torch"),
+                           evidence=None, image=None, base=None, engine_version="20.10.24+dfsg1", host_arch="x86_64",
+                           emulated=False, started=datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc))
+    written = report.write_results(rec)
+    assert read_result(tmp_path) == written and written.verdict is Verdict.ERROR
+    assert written.reason == "the image build failed: pip could not find torch"
+    assert (written.evidence.duplicate_runtimes, written.evidence.exception, written.exit_code, written.image) == \
+        ((), None, None, None)
+    assert not (tmp_path / "evidence.json").exists()
