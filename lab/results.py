@@ -194,10 +194,6 @@ class RunResult(Document):
     lab_version: str
     started: IsoTime
 
-    @property
-    def finished(self) -> bool:
-        return True
-
 
 class UnfinishedRun(Document):
     """result.json of a run that stopped without a verdict: interrupted (Ctrl-C) or failed (the
@@ -214,10 +210,6 @@ class UnfinishedRun(Document):
     status: Literal["interrupted", "failed"]
     reason: str
     run_dir: str
-
-    @property
-    def finished(self) -> bool:
-        return False
 
 
 def _finished_or_not(data: Any) -> str:
@@ -462,7 +454,8 @@ def read_result(run_dir: Path | str, *, where: str | None = None) -> RunResult |
     path = Path(run_dir) / RESULT_NAME
     name = where or str(path)
     missing = "" if where else f", so {run_dir} is not a run folder"
-    return parse_result(_read_bytes(path, name, missing), name)
+    hint = "Pass a folder that `lab run` made, such as runs/<scenario>/<time>-torch<v>-<arch>."
+    return parse_result(_read_bytes(path, name, missing, hint), name)
 
 
 DocumentT = TypeVar("DocumentT", bound=Document)
@@ -473,7 +466,7 @@ def read_document(path: Path | str, model: type[DocumentT]) -> DocumentT:
     result.json: its kind, and a schema version this lab reads (one without is lab 0.1.0's, whose
     fields these documents kept)."""
     name = str(path)
-    data = _parse_json(_read_bytes(Path(path), name, ""), name)
+    data = _parse_json(_read_bytes(Path(path), name), name)
     kind = model.model_fields["kind"].default
     _schema_version(data, name, kind)
     try:
@@ -482,16 +475,14 @@ def read_document(path: Path | str, model: type[DocumentT]) -> DocumentT:
         raise ResultError(f"{name}: {validation_problem(exc)}.", hint=_more(exc) + _DAMAGED) from None
 
 
-def _read_bytes(path: Path, name: str, missing: str) -> bytes:
+def _read_bytes(path: Path, name: str, missing: str = "", hint: str | None = None) -> bytes:
     try:
         if path.is_symlink() or not path.is_file():
             raise FileNotFoundError
         with path.open("rb") as handle:
             raw = handle.read(_MAX_RESULT_BYTES + 1)
     except FileNotFoundError:
-        raise ResultError(f"{name}: there is no such file{missing}.",
-                          hint="Pass a folder that `lab run` made, such as "
-                               "runs/<scenario>/<time>-torch<v>-<arch>.") from None
+        raise ResultError(f"{name}: there is no such file{missing}.", hint=hint) from None
     except OSError as exc:
         raise ResultError(f"{name}: cannot be read ({exc.strerror or exc}).") from None
     if len(raw) > _MAX_RESULT_BYTES:
@@ -553,8 +544,8 @@ def _schema_version(data: dict[str, Any], where: str, kind: str) -> int:
                           hint=f"Pass the {RESULT_NAME} of a run folder." if kind == "run" else None)
     if version > SCHEMA_VERSION:
         raise ResultError(
-            f"{where}: was written by a newer torch-repro-lab (result schema {version}); this lab "
-            f"reads schema {SCHEMA_VERSION} and the older unversioned layout.",
+            f"{where}: was written by a newer torch-repro-lab (schema_version {version}); this lab "
+            f"reads schema_version {SCHEMA_VERSION} and the older unversioned layout.",
             hint="Upgrade torch-repro-lab to read it.")
     return version
 

@@ -89,7 +89,6 @@ def test_an_unfinished_run_reads_as_one(tmp_path):
     report.mark_unfinished(tmp_path, case, "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)")
     result = read_result(tmp_path)
     assert isinstance(result, UnfinishedRun) and result.status == "interrupted" and result.verdict is None
-    assert not result.finished
     old = {"scenario": "s", "case": "s[torch=2.5.1,arch=arm64]", "torch": "2.5.1", "arch": "arm64",
            "verdict": None, "status": "failed", "reason": "the engine went away", "run_dir": "runs/s/x"}
     assert parse_result(json.dumps(old), "old.json").status == "failed"  # lab 0.1.0's unfinished layout
@@ -105,7 +104,7 @@ def good() -> dict:
     ('"reproduced"', "is a string in JSON, not an object"),
     (b"\xff\xfe{}", "is not UTF-8 text"),
     (json.dumps({**good(), "schema_version": 2}),
-     "was written by a newer torch-repro-lab (result schema 2); this lab reads schema 1"),
+     "was written by a newer torch-repro-lab (schema_version 2); this lab reads schema_version 1"),
     (json.dumps({**good(), "schema_version": "1"}), "field `schema_version` must be a whole number, got '1'"),
     (json.dumps({**good(), "kind": "bisect"}), "is a bisection's result, not a run's result"),
     (json.dumps({**good(), "kind": "wheel"}), "is of kind 'wheel', not a run's result"),
