@@ -3,17 +3,21 @@
 The same case runs under `eager` (Dynamo only), `aot_eager` (+ AOTAutograd), `inductor`
 (+ TorchInductor) and, where the scenario allows it, inductor with mode="max-autotune".
 The first rung where the bug reproduces names the layer it belongs to. The ladder is
-pure logic (`conclude`); `run_ablation` only drives `pipeline.run_case` over one image.
+pure logic (`conclude`); `run_ablation` only drives a `run_case` (pipeline.run_case) over one image.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .judge import Verdict
+from .records import Events, no_events
 from .resolve import Case, check_ablatable
+from .results import AblationResult, AblationStep, Verdict
+
+if TYPE_CHECKING:
+    from .pipeline import RunCase
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,14 @@ class Conclusion:
     words: str
 
 
+@dataclass(frozen=True)
+class AblationRun:
+    folder: Path
+    steps: tuple[Step, ...]
+    conclusion: Conclusion
+    result: AblationResult
+
+
 def rungs(max_autotune: bool) -> tuple[Rung, ...]:
     return LADDER if max_autotune else LADDER[:3]
 
@@ -68,10 +80,14 @@ def conclude(steps: list[Step] | tuple[Step, ...]) -> Conclusion:
     return Conclusion(None, f"does not reproduce under any backend tried ({tried})")
 
 
-def run_ablation(case: Case, engine, host, runs_root: Path, events) -> tuple[Path, list[Step], Conclusion]:
-    """Run every rung in one image (the backend is chosen at run time), each in its own run folder."""
-    from .pipeline import run_case
+def run_ablation(case: Case, engine, host, runs_root: Path, events: Events = no_events, *,
+                 run_case: RunCase | None = None) -> AblationRun:
+    """Run every rung in one image (the backend is chosen at run time), each in its own run folder.
+    `run_case` runs one rung (default: lab.pipeline.run_case)."""
     from .report import new_run_dir
+    if run_case is None:
+        from .pipeline import run_case as production
+        run_case = production
 
     check_ablatable(case.scenario)
     folder = new_run_dir(runs_root, case, suffix="ablation")
@@ -85,20 +101,21 @@ def run_ablation(case: Case, engine, host, runs_root: Path, events) -> tuple[Pat
         steps.append(Step(rung, outcome.judgement.verdict, sub, outcome.judgement.reason))
         events("ablate", f"{rung.label}: {outcome.judgement.verdict.value}")
     conclusion = conclude(steps)
-    result = ablation_json(case, case.arch != engine.arch, folder, steps, conclusion)
-    (folder / "ablation.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = ablation_result(case, case.arch != engine.arch, folder, steps, conclusion)
+    result.write(folder / "ablation.json")
     (folder / "ablation.md").write_text(ablation_markdown(case, steps, conclusion))
-    return folder, steps, conclusion
+    return AblationRun(folder, tuple(steps), conclusion, result)
 
 
-def ablation_json(case: Case, emulated: bool, folder: Path, steps: list[Step], conclusion: Conclusion) -> dict:
-    return {
-        "scenario": case.scenario.name, "torch": case.torch, "arch": case.arch.value, "emulated": emulated,
-        "run_dir": str(folder),
-        "ablation": [{"backend": s.rung.backend, "mode": s.rung.mode, "verdict": s.verdict.value,
-                      "reason": s.reason, "run_dir": str(s.run_dir)} for s in steps],
-        "layer": conclusion.layer, "conclusion": conclusion.words,
-    }
+def ablation_result(case: Case, emulated: bool, folder: Path, steps: list[Step],
+                    conclusion: Conclusion) -> AblationResult:
+    """ablation.json, and `lab run --ablate --json`."""
+    return AblationResult(
+        scenario=case.scenario.name, torch=case.torch, arch=case.arch.value, emulated=emulated,
+        run_dir=str(folder),
+        ablation=tuple(AblationStep(backend=s.rung.backend, mode=s.rung.mode, verdict=s.verdict, reason=s.reason,
+                                    run_dir=None if s.run_dir is None else str(s.run_dir)) for s in steps),
+        layer=conclusion.layer, conclusion=conclusion.words)
 
 
 def ablation_markdown(case: Case, steps: list[Step], conclusion: Conclusion) -> str:

@@ -8,6 +8,18 @@ from pathlib import Path
 
 from .loader import RUNTIME_FAMILIES, DuplicateRuntime, describe, family_of, find_duplicate_runtimes, parse_dir
 from .records import EMULATOR_CRASH, RawRun, RunLimits, format_bytes
+from .results import (
+    DuplicateRuntimeDetail,
+    DuplicateRuntimeRef,
+    EvidenceRecord,
+    ExceptionDetail,
+    ExceptionRef,
+    GraphBreakDetail,
+    Judgement,
+    LimitsDetail,
+    RunEvidence,
+    SingleRuntime,
+)
 from .tracebacks import ExceptionInfo, extract_exceptions
 
 _TAIL_BYTES = 64 * 1024
@@ -69,28 +81,33 @@ class Evidence:
             lines.append(f"exit code {self.exit_code}")
         return lines
 
-    def to_json(self) -> dict:
+    def summary(self) -> RunEvidence:
+        """The evidence block of result.json (and `lab run --json`)."""
         exc = self.exception
-        return {
-            "exit_code": self.exit_code,
-            "timed_out": self.timed_out,
-            "oom_killed": self.oom_killed,
-            "duration_s": round(self.duration_s, 2),
-            "emulated": self.emulated,
-            "processes": self.processes,
-            "duplicate_runtimes": [
-                {"family": d.family, "label": d.label, "pid": d.pid, "paths": list(d.paths),
-                 "needed_by": [o.needed_by for o in d.objects]}
-                for d in self.duplicate_runtimes],
-            "exception": None if exc is None else _exception_json(exc),
-            "exceptions": [_exception_json(e) for e in self.exceptions],
-            "emulator_crash": self.emulator_crash,
-            "single_runtimes": [{"family": f, "path": p, "processes": n} for f, p, n in self.single_runtimes],
-            "stopped_for": self.stopped_for,
-            "limits": None if self.limits is None else {
-                "memory_bytes": self.limits.memory_bytes, "pids": self.limits.pids,
-                "cpus": self.limits.cpus, "network": self.limits.network},
-        }
+        return RunEvidence(
+            duplicate_runtimes=tuple(DuplicateRuntimeRef(family=d.family, pid=d.pid, paths=d.paths)
+                                     for d in self.duplicate_runtimes),
+            exception=None if exc is None else ExceptionRef(type=exc.type, message=exc.message))
+
+    def record(self, judgement: Judgement) -> EvidenceRecord:
+        """evidence.json: everything found, and the judge's checks."""
+        exc = self.exception
+        lim = self.limits
+        return EvidenceRecord(
+            exit_code=self.exit_code, timed_out=self.timed_out, oom_killed=self.oom_killed,
+            duration_s=round(self.duration_s, 2), emulated=self.emulated, processes=self.processes,
+            duplicate_runtimes=tuple(
+                DuplicateRuntimeDetail(family=d.family, label=d.label, pid=d.pid, paths=d.paths,
+                                       needed_by=tuple(o.needed_by for o in d.objects))
+                for d in self.duplicate_runtimes),
+            exception=None if exc is None else _exception_detail(exc),
+            exceptions=tuple(_exception_detail(e) for e in self.exceptions),
+            emulator_crash=self.emulator_crash,
+            single_runtimes=tuple(SingleRuntime(family=f, path=p, processes=n) for f, p, n in self.single_runtimes),
+            stopped_for=self.stopped_for,
+            limits=None if lim is None else LimitsDetail(memory_bytes=lim.memory_bytes, pids=lim.pids,
+                                                         cpus=lim.cpus, network=lim.network),
+            judgement=judgement)
 
 
 def _user_frame(frame: str) -> str:
@@ -100,13 +117,10 @@ def _user_frame(frame: str) -> str:
     return f"{head}: `{source.strip()}`" if source.strip() else head
 
 
-def _exception_json(exc: ExceptionInfo) -> dict:
-    out: dict = {"type": exc.type, "message": exc.message}
+def _exception_detail(exc: ExceptionInfo) -> ExceptionDetail:
     gb = exc.graph_break
-    if gb is not None:
-        out["graph_break"] = {"reason": gb.reason, "explanation": gb.explanation,
-                              "hints": list(gb.hints), "user_code": list(gb.user_code)}
-    return out
+    return ExceptionDetail(type=exc.type, message=exc.message, graph_break=None if gb is None else GraphBreakDetail(
+        reason=gb.reason, explanation=gb.explanation, hints=gb.hints, user_code=gb.user_code))
 
 
 def _single_runtimes(procs) -> tuple[tuple[str, str, int], ...]:

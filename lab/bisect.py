@@ -20,158 +20,28 @@ same probe order, so a resumed bisection asks for the same releases again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from .errors import LabError
+from .results import (
+    AMBIGUOUS,
+    FOUND,
+    NO_CHANGE,
+    NO_RUNNABLE_PAIR,
+    NOT_REPRODUCED,
+    OUTCOMES,
+    REPRODUCED,
+    SKIP,
+    BisectResult,
+    Probe,
+    outcome_of,
+)
 
-REPRODUCED = "reproduced"
-NOT_REPRODUCED = "not_reproduced"
-SKIP = "skip"
-OUTCOMES = (REPRODUCED, NOT_REPRODUCED, SKIP)
-
-FOUND = "found"
-AMBIGUOUS = "ambiguous"
-NO_CHANGE = "no_change"
-NO_RUNNABLE_PAIR = "no_runnable_pair"
-
-_SKIP_VERDICTS = ("error", "timeout")
+__all__ = ["AMBIGUOUS", "FOUND", "NO_CHANGE", "NO_RUNNABLE_PAIR", "NOT_REPRODUCED", "OUTCOMES", "REPRODUCED",
+           "SKIP", "BisectError", "BisectResult", "Probe", "bisect", "cost_bound", "outcome_of"]
 
 
 class BisectError(LabError):
     """The releases given cannot be bisected (fewer than two, repeated, or a probe broke the contract)."""
-
-
-def outcome_of(verdict: object) -> str:
-    """A verdict (`lab.judge.Verdict` or its string) as a bisection outcome.
-
-    `reproduced` and `not_reproduced` pass through; `error` and `timeout` say
-    nothing about the bug, so they are `skip`.
-    """
-    value = str(getattr(verdict, "value", verdict))
-    if value in (REPRODUCED, NOT_REPRODUCED):
-        return value
-    if value in _SKIP_VERDICTS or value == SKIP:
-        return SKIP
-    raise ValueError(f"unknown verdict {value!r}; expected reproduced, not_reproduced, error or timeout")
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """What one release did. `verdict` is the raw verdict (e.g. `error` for a skip); it
-    defaults to the outcome, or to `skip` when only the outcome is known."""
-
-    version: str
-    outcome: str
-    reason: str = ""
-    evidence: str = ""
-    run_dir: str | None = None
-    verdict: str = ""
-
-    def __post_init__(self) -> None:
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"unknown probe outcome {self.outcome!r}; expected one of {', '.join(OUTCOMES)}")
-        if not self.verdict:
-            object.__setattr__(self, "verdict", self.outcome)
-        elif outcome_of(self.verdict) != self.outcome:
-            raise ValueError(f"verdict {self.verdict!r} contradicts outcome {self.outcome!r}")
-
-    @classmethod
-    def judged(cls, version: str, verdict: object, reason: str = "", evidence: str = "",
-               run_dir: str | None = None) -> Probe:
-        """A probe from a judge's verdict (`Verdict` or string): the outcome follows from it."""
-        raw = str(getattr(verdict, "value", verdict))
-        return cls(version, outcome_of(raw), reason, evidence, run_dir, raw)
-
-    @property
-    def skipped(self) -> bool:
-        return self.outcome == SKIP
-
-    def to_json(self) -> dict:
-        return {"torch": self.version, "verdict": self.verdict, "outcome": self.outcome,
-                "reason": self.reason, "evidence": self.evidence, "run_dir": self.run_dir}
-
-
-@dataclass(frozen=True)
-class BisectResult:
-    """Where the behaviour changes.
-
-    `last_old` is the newest release that behaves like the old end, `first_new`
-    the oldest that behaves like the new end; both are runnable releases, never
-    skips. `from_verdict`/`to_verdict` are the verdicts of the runnable ends
-    actually used (`old_end`/`new_end`), which differ from the requested ends
-    (`from_version`/`to_version`) when those were skipped. `skipped_between`
-    lists the skipped releases between `last_old` and `first_new` (non-empty
-    exactly when `ambiguous`).
-    """
-
-    status: str
-    from_version: str
-    to_version: str
-    from_verdict: str | None = None
-    to_verdict: str | None = None
-    old_end: str | None = None
-    new_end: str | None = None
-    last_old: str | None = None
-    first_new: str | None = None
-    ambiguous: bool = False
-    skipped_between: tuple[str, ...] = ()
-    steps: tuple[Probe, ...] = ()
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def skipped(self) -> tuple[str, ...]:
-        """Every release that was probed and skipped, in probe order."""
-        return tuple(p.version for p in self.steps if p.skipped)
-
-    @property
-    def direction(self) -> str | None:
-        """`regression` (not_reproduced -> reproduced), `fix` (the reverse), or None."""
-        if self.status not in (FOUND, AMBIGUOUS):
-            return None
-        return "regression" if self.to_verdict == REPRODUCED else "fix"
-
-    @property
-    def summary(self) -> str:
-        """One paragraph that states the result (what the CLI prints and the report leads with)."""
-        old = f"{self.old_end} ({self.from_verdict})"
-        new = f"{self.new_end} ({self.to_verdict})"
-        if self.status == FOUND:
-            text = (f"first release that behaves like {new}: {self.first_new}; "
-                    f"last like {old}: {self.last_old}.")
-        elif self.status == AMBIGUOUS:
-            text = (f"the change lies between {self.last_old} ({self.from_verdict}) and {self.first_new} "
-                    f"({self.to_verdict}), but {', '.join(self.skipped_between)} could not be run, so the "
-                    "boundary is ambiguous: it is one of " + ", ".join((*self.skipped_between, self.first_new))
-                    + ".")
-        elif self.status == NO_CHANGE:
-            text = (f"both ends {self.from_verdict}: nothing to bisect ({self.old_end}: {self.from_verdict}, "
-                    f"{self.new_end}: {self.to_verdict}).")
-        else:
-            runnable = [f"{p.version} ({p.verdict})" for p in self.steps if not p.skipped]
-            text = ("no two releases with different verdicts could be run: "
-                    + (f"only {runnable[0]} ran" if runnable else "every release probed was skipped")
-                    + f" between {self.from_version} and {self.to_version}.")
-        if self.notes and self.status != FOUND:
-            text += " " + " ".join(n if n.endswith(".") else n + "." for n in self.notes)
-        return text
-
-    def to_json(self) -> dict:
-        return {
-            "from_verdict": self.from_verdict,
-            "to_verdict": self.to_verdict,
-            "last_old": self.last_old,
-            "first_new": self.first_new,
-            "steps": [p.to_json() for p in self.steps],
-            "status": self.status,
-            "ambiguous": self.ambiguous,
-            "skipped_between": list(self.skipped_between),
-            "skipped": list(self.skipped),
-            "from": self.from_version,
-            "to": self.to_version,
-            "old_end": self.old_end,
-            "new_end": self.new_end,
-            "notes": list(self.notes),
-        }
 
 
 def cost_bound(k: int) -> int:

@@ -7,7 +7,6 @@ and `first_new`. Every file is deterministic: the same result gives the same byt
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,8 +32,9 @@ def write_bisect_report(folder: str | os.PathLike, scenario_name: str, arch: str
     out.mkdir(parents=True, exist_ok=True)
     (out / SVG_NAME).write_text(render_svg(scenario_name, arch, result, candidates), encoding="utf-8",
                                 newline="\n")
-    data = {**result.to_json(), "scenario": scenario_name, "arch": str(arch), "candidates": list(candidates)}
-    (out / JSON_NAME).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8", newline="\n")
+    record = result.model_copy(update={"scenario": scenario_name, "arch": str(arch), "candidates": tuple(candidates),
+                                       "resume": resume_command or result.resume})
+    record.write(out / JSON_NAME)
     md = out / MD_NAME
     md.write_text(render_markdown(out, scenario_name, arch, result, candidates, resume_command),
                   encoding="utf-8", newline="\n")

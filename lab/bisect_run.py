@@ -8,12 +8,12 @@ same command, run again, asks for the same releases and reuses those answers.
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from . import releases
 from .bisect import BisectResult, Probe, bisect
@@ -22,9 +22,26 @@ from .errors import EngineError, LabError, ScenarioError
 from .hostpip import HostPip
 from .records import Events, no_events
 from .resolve import base_python, parse_arch, resolve
+from .results import RESULT_NAME, RunResult, read_result
 from .scenario import Scenario
 
-_RESUMABLE = ("reproduced", "not_reproduced", "error", "timeout")
+if TYPE_CHECKING:
+    from .pipeline import RunCase
+
+
+class Releases(Protocol):
+    """Where the candidate releases come from: torch versions, oldest first, that have a wheel for
+    `python` on `arch`. `index_releases(host)` reads the host's package index; tests pass a list."""
+
+    def __call__(self, *, python: str, arch: str, include_pre: bool) -> list[str]: ...
+
+
+def index_releases(host: HostPip, refresh: bool = False) -> Releases:
+    """The torch releases on the index (and find-links) that the host's pip uses."""
+    def found(*, python: str, arch: str, include_pre: bool) -> list[str]:
+        return releases.candidates("torch", host=host, python=python, arch=arch, include_pre=include_pre,
+                                   refresh=refresh)
+    return found
 
 
 @dataclass(frozen=True)
@@ -54,14 +71,13 @@ def choose_arch(scenario: Scenario, arch: str | None) -> str:
                         "choose one with --arch.", file=str(scenario.source), field="arch")
 
 
-def find_candidates(scenario: Scenario, arch: str, old: str, new: str, host: HostPip, pre: bool,
-                    refresh: bool = False) -> list[str]:
+def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: Releases, pre: bool) -> list[str]:
     python = base_python(scenario.base)
     if python is None:
         raise ScenarioError(f"the lab cannot tell which Python the base image {scenario.base} has, so it "
                             "cannot pick the releases that have a wheel for it.", file=str(scenario.source),
                             field="base", hint="Bisect a scenario on a Debian or Ubuntu base.")
-    found = releases.candidates("torch", host=host, python=python, arch=arch, include_pre=pre, refresh=refresh)
+    found = source(python=python, arch=arch, include_pre=pre)
     return releases.between(found, old, new, what=releases.describe(python, arch))
 
 
@@ -69,24 +85,29 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                host: HostPip, runs_root: Path, events: Events = no_events, *, pre: bool = False,
                sets: dict[str, str] | None = None, on_probe: Callable[[Probe, bool], None] | None = None,
                on_start: Callable[[list[str], Path, str], None] | None = None,
-               keep_images: bool = False) -> BisectRun:
+               keep_images: bool = False, run_case: RunCase | None = None,
+               candidates: Releases | None = None) -> BisectRun:
     """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
 
-    `on_start(candidates, folder, resume)` is called once the releases are known; `on_probe(probe,
-    reused)` after each probe. Raises LabError for bad input or when the engine itself fails.
+    `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
+    (default: the host's package index). `on_start(candidates, folder, resume)` is called once the
+    releases are known; `on_probe(probe, reused)` after each probe. Raises LabError for bad input or
+    when the engine itself fails.
 
     A bisection never probes a release twice, so the images its probes built are removed after
     each probe unless `keep_images` (aarch64 torch from 2.11.0 makes images of about 7 GB)."""
     from .bisect_report import write_bisect_report
-    from .pipeline import run_case
+    if run_case is None:
+        from .pipeline import run_case as production
+        run_case = production
 
     arch = choose_arch(scenario, arch)
-    candidates = find_candidates(scenario, arch, old, new, host, pre)
-    folder = bisect_folder(runs_root, scenario, arch, candidates[0], candidates[-1])
+    found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre)
+    folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
     folder.mkdir(parents=True, exist_ok=True)
     resume = resume_command(scenario_ref, old, new, arch, runs_root, pre)
     if on_start:
-        on_start(candidates, folder, resume)
+        on_start(found, folder, resume)
 
     def probe(version: str) -> Probe:
         run_dir = folder / f"torch{version}"
@@ -105,11 +126,11 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             outcome = run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=False,
                                collect_env=False)
             p = _probe_from(version, outcome.result, run_dir)
-            image = outcome.result.get("image") or {}
-            if not keep_images and image.get("cached") is False:
-                events("bisect", f"removing the probe's image {image['tag']} (keep it with --keep-images)")
-                engine.anchor_shared_layers(image["tag"])  # the apt and venv layers serve the next probe
-                engine.remove_image(image["tag"])
+            image = outcome.result.image
+            if not keep_images and image is not None and not image.cached:
+                events("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
+                engine.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
+                engine.remove_image(image.tag)
         except EngineError:
             raise  # the engine itself is gone: nothing else can run either
         except LabError as exc:  # this release cannot be set up here: a skip, never a boundary
@@ -118,22 +139,23 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             on_probe(p, False)
         return p
 
-    result = bisect(candidates, probe)
-    write_bisect_report(folder, scenario.name, arch, result, candidates, resume)
-    return BisectRun(folder, result, candidates, resume)
+    result = bisect(found, probe).model_copy(update={
+        "scenario": scenario.name, "arch": arch, "candidates": tuple(found), "folder": str(folder),
+        "resume": resume})
+    write_bisect_report(folder, scenario.name, arch, result, found, resume)
+    return BisectRun(folder, result, found, resume)
 
 
-def _finished(run_dir: Path) -> dict | None:
-    """The result.json of a probe that reached a verdict, if the folder has one."""
-    try:
-        data = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
+def _finished(run_dir: Path) -> RunResult | None:
+    """The result of a probe that reached a verdict, if the folder has one. A folder without
+    result.json, or with an unfinished run's, is run again; one whose result.json this lab cannot
+    read is an error (ResultError), not a reason to delete it."""
+    if not (run_dir / RESULT_NAME).exists():
         return None
-    return data if isinstance(data, dict) and data.get("verdict") in _RESUMABLE else None
+    result = read_result(run_dir)
+    return result if isinstance(result, RunResult) else None
 
 
-def _probe_from(version: str, result: dict, run_dir: Path) -> Probe:
-    summary = result.get("summary") or []
-    evidence = "; ".join(summary[:2]) if summary else ""
-    return Probe.judged(version, result["verdict"], reason=result.get("reason", ""), evidence=evidence,
-                        run_dir=str(run_dir))
+def _probe_from(version: str, result: RunResult, run_dir: Path) -> Probe:
+    evidence = "; ".join(result.summary[:2])
+    return Probe.judged(version, result.verdict, reason=result.reason, evidence=evidence, run_dir=str(run_dir))

@@ -69,6 +69,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from lab import __version__
+from lab.results import RunResult, UnfinishedRun, read_result, validation_problem
 from lab.safetar import (
     HEADER_BUDGET,
     BundleError,
@@ -139,8 +140,8 @@ class BundleInfo:
     path: Path
     size: int                      # bytes of the .tar.gz
     file_count: int                # files from the run folder in it (bundle.json not counted)
-    left_out: tuple[dict[str, Any], ...]
-    manifest: dict[str, Any] = field(repr=False)
+    left_out: tuple[LeftOutEntry, ...]
+    manifest: Manifest = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -244,18 +245,6 @@ class Manifest(_Strict):
         return self
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _show(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _manifest_error(where: str, message: str, hint: str | None = None) -> BundleError:
     return BundleError(f"{where}: {MANIFEST_NAME}: {message}",
                        hint=hint or "The bundle was not made by `lab bundle`, or was damaged; ask for it again.")
@@ -276,15 +265,7 @@ def validate_manifest(data: Any, where: str, limits: BundleLimits = DEFAULT_LIMI
     try:
         return Manifest.model_validate(data, context={"limits": limits})
     except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = _format_loc(tuple(error["loc"]))
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "missing":
-            text = f"the required field `{loc}` is missing"
-        elif error["type"] == "extra_forbidden":
-            text = f"unknown field `{loc}`"
-        else:
-            text = (f"field `{loc}`: " if loc else "") + f"{message}, got {_show(error.get('input'))}"
+        text = validation_problem(exc)
         more = len(exc.errors()) - 1
         hint = (f"{more} more problem{'s' if more > 1 else ''} after this one. " if more else "") + \
             "The bundle was not made by `lab bundle`, or was damaged; ask for it again."
@@ -395,10 +376,10 @@ def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHea
     return BundleHead(manifest, root, len(raw), hashlib.sha256(raw).hexdigest())
 
 
-def inspect_bundle(source: Path | str | IO[bytes], limits: BundleLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+def inspect_bundle(source: Path | str | IO[bytes], limits: BundleLimits = DEFAULT_LIMITS) -> Manifest:
     """bundle.json of a bundle, validated, read without unpacking anything else (a path or an open
     binary file)."""
-    return read_head(source, limits).manifest.model_dump(mode="json")
+    return read_head(source, limits).manifest
 
 
 def open_bundle(path: Path | str, dest: Path | str, limits: BundleLimits = DEFAULT_LIMITS) -> Path:
@@ -501,26 +482,6 @@ def _left(rel: str, why: str, path: Path | None = None) -> dict[str, Any]:
     return {"path": rel, "size": size, "sha256": sha, "why": why}
 
 
-def _read_result(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "result.json"
-    try:
-        if path.is_symlink() or not path.is_file():
-            raise FileNotFoundError
-        with path.open("rb") as handle:
-            raw = handle.read(16 << 20)
-        result = json.loads(raw)
-    except FileNotFoundError:
-        raise BundleError(f"{run_dir} is not a run folder: it has no result.json",
-                          hint="Pass a folder that `lab run` made, such as runs/<scenario>/<time>-torch<v>-<arch>.") \
-            from None
-    except (OSError, ValueError, RecursionError) as exc:
-        raise BundleError(f"{run_dir}/result.json cannot be read as JSON ({str(exc)[:200]})",
-                          hint="The run folder is damaged; run the scenario again.") from None
-    if not isinstance(result, dict):
-        raise BundleError(f"{run_dir}/result.json is not a JSON object", hint="The run folder is damaged.")
-    return result
-
-
 def _scenario_secrets(scenario: Mapping[str, Any]) -> dict[str, str]:
     """Secret-named variables of the scenario's `env:` and `vars:`, as an environment for scrub_text."""
     found: dict[str, str] = {}
@@ -543,12 +504,11 @@ def _read_scenario(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _text_field(result: Mapping[str, Any], key: str, env: Mapping[str, str], limit: int = 200) -> str | None:
-    value = result.get(key)
-    return scrub_text(value, env)[:limit] if isinstance(value, str) else None
+def _text(value: str | None, env: Mapping[str, str], limit: int = 200) -> str | None:
+    return None if value is None else scrub_text(value, env)[:limit]
 
 
-def _plan(run_dir: Path, *, slim: bool, env: Mapping[str, str], skip: set[Path], result: dict[str, Any],
+def _plan(run_dir: Path, *, slim: bool, env: Mapping[str, str], skip: set[Path], result: AnyResult,
           scenario: dict[str, Any], bundle_name: str) -> tuple[list[_Planned], list[dict[str, Any]]]:
     planned: list[_Planned] = []
     left_out: list[dict[str, Any]] = []
@@ -583,7 +543,7 @@ def _plan(run_dir: Path, *, slim: bool, env: Mapping[str, str], skip: set[Path],
             item = _with_replay(item, bundle_name, result, scenario, run_dir.name, env)
         planned.append(item)
     if not has_report:
-        text = f"# {result.get('case') or run_dir.name}: {result.get('verdict') or 'no verdict'}\n\n" \
+        text = f"# {result.case or run_dir.name}: {_verdict(result) or 'no verdict'}\n\n" \
                "This run wrote no report.md.\n"
         item = _Planned("report.md", "meta", 0, "", 0o644, data=text.encode())
         planned.append(_with_replay(item, bundle_name, result, scenario, run_dir.name, env))
@@ -616,7 +576,7 @@ def _plan_file(rel: str, path: Path, size: int, mode: int, env: Mapping[str, str
     return _Planned(rel, kind, real_size, sha, mode, source=path)
 
 
-def _with_replay(item: _Planned, bundle_name: str, result: dict[str, Any], scenario: dict[str, Any],
+def _with_replay(item: _Planned, bundle_name: str, result: AnyResult, scenario: dict[str, Any],
                  folder: str, env: Mapping[str, str]) -> _Planned:
     text = item.data.decode("utf-8") if item.data is not None else ""
     if REPLAY_HEADING not in text:
@@ -713,28 +673,26 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
                           hint="Rename it to letters, digits, '.', '_', '+' and '-' only.")
     target = Path(out) if out is not None else Path.cwd() / f"{root}.tar.gz"
     created = (created or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(microsecond=0)
-    result = _read_result(run_path)
+    result = read_result(run_path)
     scenario = _read_scenario(run_path)
     env = {**_scenario_secrets(scenario), **env}  # a token in the scenario's env must not leak through stdout
     target_real = Path(os.path.realpath(target))
     planned, left_out = _plan(run_path, slim=slim, env=env, skip={target_real}, result=result, scenario=scenario,
                               bundle_name=target.name)
     items = _order(planned)
-    summary = result.get("summary")
-    manifest = {
+    summary = result.summary if isinstance(result, RunResult) else ()
+    manifest = validate_manifest({
         "format": BUNDLE_FORMAT, "format_version": FORMAT_VERSION,
         "created": created.isoformat(), "lab_version": __version__,
-        "scenario": _text_field(result, "scenario", env), "case": _text_field(result, "case", env, 1000),
-        "torch": _text_field(result, "torch", env), "arch": _text_field(result, "arch", env),
-        "verdict": _text_field(result, "verdict", env), "reason": _text_field(result, "reason", env, 10_000),
-        "summary": [scrub_text(s, env)[:10_000] for s in summary[:1000] if isinstance(s, str)]
-        if isinstance(summary, list) else [],
+        "scenario": _text(result.scenario, env), "case": _text(result.case, env, 1000),
+        "torch": _text(result.torch, env), "arch": _text(result.arch, env),
+        "verdict": _verdict(result), "reason": _text(result.reason, env, 10_000),
+        "summary": [scrub_text(s, env)[:10_000] for s in summary[:1000]],
         "slim": slim,
         "files": [{"path": i.path, "size": i.size, "sha256": i.sha256, "kind": i.kind} for i in items],
         "left_out": left_out,
-    }
-    validate_manifest(manifest, str(target), BundleLimits(max_total_bytes=1 << 50, max_files=10**9))
-    manifest_bytes = (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
+    }, str(target), BundleLimits(max_total_bytes=1 << 50, max_files=10**9))
+    manifest_bytes = (manifest.model_dump_json(indent=2) + "\n").encode("utf-8")
     if len(manifest_bytes) > MAX_MANIFEST_BYTES:
         raise BundleError(f"{given}: the bundle's manifest would be larger than {MAX_MANIFEST_BYTES} bytes "
                           f"({len(items)} files)", hint="Bundle with --slim, or remove files from the run folder.")
@@ -750,43 +708,43 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
         tmp.unlink(missing_ok=True)
         raise
     return BundleInfo(path=target, size=target.stat().st_size, file_count=len(items),
-                      left_out=tuple(manifest["left_out"]), manifest=manifest)
+                      left_out=tuple(manifest.left_out), manifest=manifest)
 
 
 # --------------------------------------------------------------------------- replay instructions
 
 
-def _platform(result: Mapping[str, Any]) -> str:
-    arch = result.get("arch")
-    return f"linux/{arch}" if isinstance(arch, str) and arch in ("amd64", "arm64") else "linux/amd64"
+AnyResult = RunResult | UnfinishedRun
 
 
-def _base(result: Mapping[str, Any], scenario: Mapping[str, Any]) -> tuple[str, str | None]:
-    base = result.get("base") if isinstance(result.get("base"), dict) else {}
-    requested = base.get("requested") or scenario.get("base") or "debian:bookworm"
+def _verdict(result: AnyResult) -> str | None:
+    return None if result.verdict is None else result.verdict.value
+
+
+def _base(result: AnyResult, scenario: Mapping[str, Any]) -> tuple[str, str | None]:
+    base = result.base if isinstance(result, RunResult) else None
+    requested = (base.requested if base else None) or scenario.get("base") or "debian:bookworm"
     note = None
-    if base.get("origin") == "bootstrapped":
+    if base is not None and base.origin == "bootstrapped":
         note = (f"# The original engine had no registry and built {requested} from Debian's archive "
                 "(scenario.yaml: resolved.base.recipe); with a registry, docker pulls it.")
     return str(requested), note
 
 
-def _run_env(scenario: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, str]:
+def _run_env(scenario: Mapping[str, Any], result: AnyResult) -> dict[str, str]:
     env: dict[str, str] = {}
     for source in (scenario.get("env"), (scenario.get("resolved") or {}).get("vars")
                    if isinstance(scenario.get("resolved"), dict) else None):
         if isinstance(source, dict):
             env.update({str(k): str(v) for k, v in source.items()})
-    backend = result.get("backend")
-    if isinstance(backend, str) and backend:
-        env["LAB_BACKEND"] = backend
-    mode = result.get("mode")
-    if isinstance(mode, str) and mode:
-        env["LAB_MODE"] = mode
+    if result.backend:
+        env["LAB_BACKEND"] = result.backend
+    if result.mode:
+        env["LAB_MODE"] = result.mode
     return env
 
 
-def replay_instructions(bundle_name: str, result: Mapping[str, Any], *, scenario: Mapping[str, Any] | None = None,
+def replay_instructions(bundle_name: str, result: AnyResult, *, scenario: Mapping[str, Any] | None = None,
                         folder: str | None = None) -> str:
     """The "How to replay" section that ends a bundle's report.md (markdown).
 
@@ -794,10 +752,8 @@ def replay_instructions(bundle_name: str, result: Mapping[str, Any], *, scenario
     GPU and limits), `folder` the bundle's top folder (default: the run folder named in result.json).
     """
     scenario = scenario or {}
-    run_dir = result.get("run_dir")
-    folder = folder or (PurePosixPath(run_dir).name if isinstance(run_dir, str) and run_dir else None) \
-        or bundle_name.removesuffix(".tar.gz").removesuffix(".tgz")
-    platform = _platform(result)
+    folder = folder or PurePosixPath(result.run_dir).name or bundle_name.removesuffix(".tar.gz").removesuffix(".tgz")
+    platform = f"linux/{result.arch}"
     base, note = _base(result, scenario)
     run = ["docker", "run", "--rm", "--platform", platform]
     if scenario.get("gpu") is True:
@@ -833,7 +789,7 @@ def replay_instructions(bundle_name: str, result: Mapping[str, Any], *, scenario
         lines.append(note)
     lines += [f"docker build --platform {platform} --build-arg BASE={shlex.quote(base)} -t repro .",
               shlex.join(run), "```", ""]
-    if result.get("emulated") is True:
+    if isinstance(result, RunResult) and result.emulated:
         lines += [f"On a host that is not {platform.split('/')[1]}, Docker emulates it with QEMU "
                   "(binfmt_misc), as the original run did.", ""]
     return "\n".join(lines)
@@ -842,8 +798,8 @@ def replay_instructions(bundle_name: str, result: Mapping[str, Any], *, scenario
 # --------------------------------------------------------------------------- signatures
 
 
-def _exit_class(code: Any) -> str:
-    if not isinstance(code, int) or isinstance(code, bool):
+def _exit_class(code: int | None) -> str:
+    if code is None:
         return "none"
     if code == 0:
         return "success"
@@ -852,34 +808,28 @@ def _exit_class(code: Any) -> str:
     return "signal"
 
 
-def signature(result: Mapping[str, Any]) -> dict[str, Any]:
+def signature(result: RunResult) -> dict[str, Any]:
     """What identifies how a run failed, so that two runs can be compared (see `compare`).
 
     The verdict; each duplicate runtime family with the file names of its copies (pids and folders
     ignored); the final exception's type and the first line of its message; the graph-break count
     when there is one; and the exit code's class (success, failure, signal, none).
     """
-    evidence = result.get("evidence") if isinstance(result.get("evidence"), dict) else {}
     runtimes: dict[str, set[str]] = {}
-    for dup in evidence.get("duplicate_runtimes") or []:
-        if not isinstance(dup, dict) or not isinstance(dup.get("family"), str):
-            continue
-        names = runtimes.setdefault(dup["family"], set())
-        names.update(os.path.basename(os.path.normpath(p)) for p in dup.get("paths") or [] if isinstance(p, str))
-    exc = evidence.get("exception")
+    for dup in result.evidence.duplicate_runtimes:
+        runtimes.setdefault(dup.family, set()).update(os.path.basename(os.path.normpath(p)) for p in dup.paths)
+    exc = result.evidence.exception
     exception = None
-    if isinstance(exc, dict) and exc.get("type"):
-        message = exc.get("message") if isinstance(exc.get("message"), str) else ""
-        exception = {"type": str(exc["type"]), "message": (message.strip().splitlines() or [""])[0].strip()}
+    if exc is not None and exc.type:
+        exception = {"type": exc.type, "message": (exc.message.strip().splitlines() or [""])[0].strip()}
     sig: dict[str, Any] = {
-        "verdict": result.get("verdict"),
+        "verdict": result.verdict.value,
         "duplicate_runtimes": {family: sorted(names) for family, names in sorted(runtimes.items())},
         "exception": exception,
-        "exit": _exit_class(result.get("exit_code")),
+        "exit": _exit_class(result.exit_code),
     }
-    breaks = result.get("graph_breaks")
-    if isinstance(breaks, int) and not isinstance(breaks, bool):
-        sig["graph_breaks"] = breaks
+    if result.graph_breaks is not None:
+        sig["graph_breaks"] = result.graph_breaks
     return sig
 
 
@@ -893,7 +843,7 @@ def _exception_text(exc: dict[str, str] | None) -> str:
     return f"{exc['type']}: {exc['message']}" if exc["message"] else exc["type"]
 
 
-def compare(old_result: Mapping[str, Any], new_result: Mapping[str, Any]) -> Comparison:
+def compare(old_result: RunResult, new_result: RunResult) -> Comparison:
     """Whether a replay failed the same way as the original: one line per difference."""
     old, new = signature(old_result), signature(new_result)
     lines: list[str] = []

@@ -53,9 +53,10 @@ def _guard(fn: Callable[[], None]) -> None:
 def _bad_input(error: LabError) -> bool:
     """Errors about what the user gave (a bundle, a release range), not about the infrastructure."""
     from .bisect import BisectError
+    from .errors import ResultError
     from .releases import ReleaseError
     from .safetar import BundleError
-    return isinstance(error, (BundleError, ReleaseError, BisectError))
+    return isinstance(error, (BundleError, ReleaseError, BisectError, ResultError))
 
 
 def _scenarios_dir() -> Path:
@@ -233,7 +234,7 @@ def run(
                                    compile_debug=compile_debug, allow_network=allow_network)
             _print_outcome(outcome)
             if as_json:
-                out.print(json.dumps(outcome.result), markup=False)
+                out.print(json.dumps(outcome.result.to_json()), markup=False)
             return
         _matrix(cases, engine, discover(), runs_root, repeat, as_json,
                 dict(diagnose=diagnose, compile_debug=compile_debug, allow_network=allow_network))
@@ -241,14 +242,14 @@ def run(
 
 
 def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
-    from .matrix import matrix_json, run_matrix
+    from .matrix import matrix_result, run_matrix
     from .pipeline import run_case
 
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "") + ":")
     for c in cases:
         err.print(f"  {escape(c.name)}" + (" (emulated)" if c.arch != engine.arch else ""))
 
-    def run_one(case, i: int) -> dict:
+    def run_one(case, i: int):
         err.print(f"[bold]{escape(case.name)}[/]" + (f" run {i + 1}/{repeat}" if repeat > 1 else ""))
         opts = dict(options)
         if i > 0:  # the diagnose step says the same thing every time
@@ -262,7 +263,7 @@ def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, op
     table = Table("cell", "verdict", *(["rate"] if repeat > 1 else []), "run folder")
     for cell in cells:
         colour = _COLOURS.get(cell.verdict, "bold")
-        last = cell.results[-1].get("run_dir", "") if cell.results else ""
+        last = cell.results[-1].run_dir if cell.results else ""
         table.add_row(escape(cell.name), f"[{colour}]{cell.verdict}[/]",
                       *([cell.rate_words()] if repeat > 1 else []), escape(str(last)))
     err.print(table)
@@ -270,13 +271,14 @@ def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, op
         for cell in cells:
             err.print(f"{escape(cell.name)}: {cell.rate_words()}", soft_wrap=True)
     if as_json:
-        out.print(json.dumps(matrix_json(cases[0].scenario, cells)), markup=False)
+        out.print(json.dumps(matrix_result(cases[0].scenario, cells).to_json()), markup=False)
 
 
 def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
-    from .ablate import ablation_json, run_ablation
+    from .ablate import run_ablation
     with Progress() as progress:
-        folder, steps, conclusion = run_ablation(case, engine, host, runs_root, progress)
+        ablation = run_ablation(case, engine, host, runs_root, progress)
+    folder, steps, conclusion = ablation.folder, ablation.steps, ablation.conclusion
     table = Table("backend", "mode", "verdict", "run folder")
     for s in steps:
         colour = _COLOURS.get(s.verdict.value, "bold")
@@ -286,8 +288,7 @@ def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
     err.print(f"ablation: [bold]{escape(conclusion.words)}[/]")
     err.print(f"report:   {folder / 'ablation.md'}")
     if as_json:
-        out.print(json.dumps(ablation_json(case, case.arch != engine.arch, folder, steps, conclusion)),
-                  markup=False)
+        out.print(json.dumps(ablation.result.to_json()), markup=False)
 
 
 _COLOURS = {"reproduced": "bold red", "not_reproduced": "bold green", "error": "bold yellow",
@@ -296,11 +297,11 @@ _COLOURS = {"reproduced": "bold red", "not_reproduced": "bold green", "error": "
 
 def _print_outcome(outcome) -> None:
     r = outcome.result
-    colour = _COLOURS.get(r["verdict"], "bold")
-    err.print(f"verdict: [{colour}]{r['verdict']}[/] ({escape(r['reason'])})")
-    for sentence in r.get("summary", []):
+    colour = _COLOURS.get(r.verdict.value, "bold")
+    err.print(f"verdict: [{colour}]{r.verdict.value}[/] ({escape(r.reason)})")
+    for sentence in r.summary:
         err.print(f"  - {escape(sentence)}")
-    report = Path(r["run_dir"]) / "report.md"
+    report = Path(r.run_dir) / "report.md"
     err.print(f"report:  {report}")
 
 
@@ -355,8 +356,7 @@ def bisect_cmd(
         err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
         err.print(f"report: {run.folder / 'bisect.md'}")
         if as_json:
-            out.print(json.dumps({**result.to_json(), "folder": str(run.folder), "resume": run.resume_command}),
-                      markup=False)
+            out.print(json.dumps(result.to_json()), markup=False)
     _guard(body)
 
 
@@ -376,30 +376,30 @@ def bundle_cmd(
         if inspect:
             manifest = inspect_bundle(path)
             if as_json:
-                out.print(json.dumps(manifest), markup=False)
+                out.print(json.dumps(manifest.model_dump(mode="json")), markup=False)
                 return
-            total = sum(f["size"] for f in manifest["files"])
-            out.print(f"{path}: {manifest['format']} v{manifest['format_version']}, made "
-                      f"{manifest['created']} by lab {manifest['lab_version']}", markup=False)
-            out.print(f"case:    {manifest['case']}", markup=False)
-            out.print(f"verdict: {manifest['verdict']} ({manifest['reason']})", markup=False)
-            for sentence in manifest.get("summary") or []:
+            total = sum(f.size for f in manifest.files)
+            out.print(f"{path}: {manifest.format} v{manifest.format_version}, made "
+                      f"{manifest.created} by lab {manifest.lab_version}", markup=False)
+            out.print(f"case:    {manifest.case}", markup=False)
+            out.print(f"verdict: {manifest.verdict} ({manifest.reason})", markup=False)
+            for sentence in manifest.summary:
                 out.print(f"  - {sentence}", markup=False)
-            kinds = {k: sum(1 for f in manifest["files"] if f["kind"] == k) for k in ("meta", "data")}
-            out.print(f"files:   {len(manifest['files'])} ({kinds['meta']} metadata, {kinds['data']} data), "
-                      f"{format_bytes(total)} unpacked" + (", slim" if manifest["slim"] else ""), markup=False)
-            for item in manifest["left_out"]:
-                out.print(f"left out: {item['path']} ({item['why']})", markup=False)
+            kinds = {k: sum(1 for f in manifest.files if f.kind == k) for k in ("meta", "data")}
+            out.print(f"files:   {len(manifest.files)} ({kinds['meta']} metadata, {kinds['data']} data), "
+                      f"{format_bytes(total)} unpacked" + (", slim" if manifest.slim else ""), markup=False)
+            for item in manifest.left_out:
+                out.print(f"left out: {item.path} ({item.why})", markup=False)
             return
         info = write_bundle(path, output, slim=slim)
         err.print(f"bundle: {info.path} ({format_bytes(info.size)}, {info.file_count} files"
                   + (", slim" if slim else "") + ")")
         for item in info.left_out:
-            err.print(f"  left out: {escape(item['path'])} ({escape(item['why'])})")
+            err.print(f"  left out: {escape(item.path)} ({escape(item.why)})")
         err.print(f"replay it with: [bold]lab replay {escape(str(info.path))}[/]")
         if as_json:
             out.print(json.dumps({"bundle": str(info.path), "size": info.size, "files": info.file_count,
-                                  "left_out": list(info.left_out)}), markup=False)
+                                  "left_out": [e.model_dump(mode="json") for e in info.left_out]}), markup=False)
         else:
             out.print(str(info.path), markup=False)
     _guard(body)
@@ -422,9 +422,10 @@ def replay_cmd(
         engine = Engine.connect()
         with Progress() as progress:
             outcome = replay(bundle, engine, discover(), runs_root, progress, allow_network=allow_network)
-        err.print(f"original: {outcome.original.get('verdict')} ({escape(str(outcome.original.get('reason')))})")
-        colour = _COLOURS.get(outcome.result["verdict"], "bold")
-        err.print(f"replay:   [{colour}]{outcome.result['verdict']}[/] ({escape(outcome.result['reason'])})")
+        original, result = outcome.original, outcome.result
+        err.print(f"original: {original.verdict.value} ({escape(original.reason)})")
+        colour = _COLOURS.get(result.verdict.value, "bold")
+        err.print(f"replay:   [{colour}]{result.verdict.value}[/] ({escape(result.reason)})")
         if outcome.comparison.same:
             err.print("[bold green]same verdict, same signature[/]")
         else:
@@ -433,9 +434,9 @@ def replay_cmd(
                 err.print(f"  - {escape(line)}")
         err.print(f"report:   {outcome.run_dir / 'report.md'}")
         if as_json:
-            out.print(json.dumps({**outcome.result, "replay": {
+            out.print(json.dumps({**result.to_json(), "replay": {
                 "same": outcome.comparison.same, "differences": [] if outcome.comparison.same else
-                list(outcome.comparison.lines), "original_verdict": outcome.original.get("verdict"),
+                list(outcome.comparison.lines), "original_verdict": original.verdict.value,
                 "dockerfile_same_as_this_lab": outcome.dockerfile_same_as_this_lab}}), markup=False)
     _guard(body)
 
@@ -485,6 +486,26 @@ def clean() -> None:
         from .engine import Engine
         containers, images = Engine.connect().remove_managed()
         err.print(f"removed {containers} containers and {images} images labelled by the lab")
+    _guard(body)
+
+
+@app.command("schema")
+def schema_cmd(
+    name: Annotated[str | None, typer.Argument(help="run, evidence, bisect, matrix, ablation or bundle-manifest "
+                                               "(default: all of them).", show_default=False)] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write <name>.schema.json files into this "
+                                                 "folder instead of printing.")] = None,
+) -> None:
+    """Print (or write) the JSON Schemas of result.json, the --json outputs and the bundle manifest."""
+    def body() -> None:
+        from .schemas import json_schema, names, render, write_schemas
+        if out_dir is not None:
+            for path in write_schemas(out_dir, [name] if name else None):
+                out.print(str(path), markup=False)
+        elif name:
+            sys.stdout.write(render(name))
+        else:
+            sys.stdout.write(json.dumps({n: json_schema(n) for n in names()}, indent=2) + "\n")
     _guard(body)
 
 

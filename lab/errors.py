@@ -50,3 +50,8 @@ class BaseImageError(LabError):
 
 class NoGpuRuntimeError(LabError):
     """A GPU scenario was asked to run on an engine without the NVIDIA runtime."""
+
+
+class ResultError(LabError):
+    """A result file (result.json, ...) is missing, is not JSON, is another kind of document, comes
+    from a newer lab, or does not fit its schema. Names the file and what is wrong."""

@@ -9,67 +9,47 @@ a different crash is not a reproduction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
-
 from .analyze import Evidence
+from .results import Check, Judgement, Verdict
 from .scenario import Expect
 
-
-class Verdict(str, Enum):
-    REPRODUCED = "reproduced"
-    NOT_REPRODUCED = "not_reproduced"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    key: str
-    expected: str
-    observed: str
-    held: bool
-
-
-@dataclass(frozen=True)
-class Judgement:
-    verdict: Verdict
-    reason: str
-    checks: tuple[Check, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"verdict": self.verdict.value, "reason": self.reason,
-                "checks": [{"key": c.key, "expected": c.expected, "observed": c.observed,
-                            "held": c.held} for c in self.checks]}
-
+__all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge"]
 
 _BROKEN_ENV = ("No module named 'torch'", "libtorch", "GLIBC_")
 
 
+def _judgement(verdict: Verdict, reason: str, checks: tuple[Check, ...] = ()) -> Judgement:
+    return Judgement(verdict=verdict, reason=reason, checks=checks)
+
+
+def _check(key: str, expected: str, observed: str, held: bool) -> Check:
+    return Check(key=key, expected=expected, observed=observed, held=held)
+
+
 def build_failed(message: str) -> Judgement:
-    return Judgement(Verdict.ERROR, f"the image build failed: {message}")
+    return Judgement(verdict=Verdict.ERROR, reason=f"the image build failed: {message}")
 
 
 def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=None) -> Judgement:
     """`diagnostics` (lab.dynamo.Diagnostics) is needed only for `graph_breaks`."""
     checks = tuple(_checks(ev, expect, stdout, stderr, diagnostics))
     if ev.timed_out:
-        return Judgement(Verdict.TIMEOUT, f"killed after {ev.duration_s:.0f} s: the run timed out", checks)
+        return _judgement(Verdict.TIMEOUT, f"killed after {ev.duration_s:.0f} s: the run timed out", checks)
     if ev.emulator_crash and not all(c.held for c in checks):
-        return Judgement(Verdict.ERROR, "crashed under emulation; confirm on native arm64", checks)
+        return _judgement(Verdict.ERROR, "crashed under emulation; confirm on native arm64", checks)
     if ev.oom_killed and not all(c.held for c in checks):
-        return Judgement(Verdict.ERROR, ev.oom_words, checks)
+        return _judgement(Verdict.ERROR, ev.oom_words, checks)
     broken = _broken_environment(ev)
     if broken and not all(c.held for c in checks):
-        return Judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
+        return _judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
     if expect.graph_breaks is not None and (diagnostics is None or diagnostics.graph_break_count is None):
-        return Judgement(Verdict.ERROR, "graph_breaks needs torch._dynamo.explain's count, and the "
+        return _judgement(Verdict.ERROR, "graph_breaks needs torch._dynamo.explain's count, and the "
                                         "diagnose step gave none (see diagnose/stderr.txt)", checks)
     failed = [c for c in checks if not c.held]
     if not failed:
-        return Judgement(Verdict.REPRODUCED, "every expectation held: " +
+        return _judgement(Verdict.REPRODUCED, "every expectation held: " +
                          "; ".join(f"{c.key} ({c.observed})" for c in checks), checks)
-    return Judgement(Verdict.NOT_REPRODUCED, "; ".join(
+    return _judgement(Verdict.NOT_REPRODUCED, "; ".join(
         f"{c.key}: expected {c.expected}, observed {c.observed}" for c in failed), checks)
 
 
@@ -87,25 +67,25 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
         observed = (f"{len(dups[0].paths)} files in pid {dups[0].pid}" if dups
                     else f"one or no {expect.duplicate_runtime} per process "
                          f"({ev.processes} processes logged)")
-        yield Check("duplicate_runtime", f"two or more {expect.duplicate_runtime}", observed, bool(dups))
+        yield _check("duplicate_runtime", f"two or more {expect.duplicate_runtime}", observed, bool(dups))
     if expect.traceback_contains is not None:
         texts = [f"{e.type}: {e.message}" for e in ev.exceptions]
         held = any(expect.traceback_contains in t for t in texts)
         last = ev.exception
         observed = "no exception" if last is None else last.headline[:200]
-        yield Check("traceback_contains", repr(expect.traceback_contains), observed, held)
+        yield _check("traceback_contains", repr(expect.traceback_contains), observed, held)
     if expect.stdout_contains is not None:
         held = expect.stdout_contains in stdout
-        yield Check("stdout_contains", repr(expect.stdout_contains),
+        yield _check("stdout_contains", repr(expect.stdout_contains),
                     "found" if held else "not found", held)
     if expect.stderr_contains is not None:
         held = expect.stderr_contains in stderr
-        yield Check("stderr_contains", repr(expect.stderr_contains),
+        yield _check("stderr_contains", repr(expect.stderr_contains),
                     "found" if held else "not found", held)
     if expect.graph_breaks is not None:
         count = diagnostics.graph_break_count if diagnostics is not None else None
         observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
-        yield Check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
+        yield _check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
     if expect.exit_code is not None:
         observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
-        yield Check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)
+        yield _check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)

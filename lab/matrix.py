@@ -1,7 +1,7 @@
 """Scenario x (torch versions) x (arches) -> cells; `-k` selection; repeated runs -> a rate.
 
-Pure logic: the CLI hands `run_matrix` a function that runs one case, so this module is
-unit-tested without Docker.
+Pure logic: the CLI hands `run_matrix` a function that runs one case (pipeline.run_case in
+production), so this module is unit-tested with a fake runner and without Docker.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .errors import ScenarioError
 from .resolve import Case, resolve
+from .results import MatrixCell, MatrixResult, MatrixRun, RunResult
 from .scenario import Scenario
 
 
@@ -119,7 +120,7 @@ def _parse_k(expression: str) -> Callable[[str], bool]:
 @dataclass
 class Cell:
     case: Case
-    results: list[dict] = field(default_factory=list)  # one result.json per repeat
+    results: list[RunResult] = field(default_factory=list)  # one per repeat
 
     @property
     def name(self) -> str:
@@ -127,7 +128,7 @@ class Cell:
 
     @property
     def verdicts(self) -> list[str]:
-        return [r.get("verdict") or r.get("status") or "error" for r in self.results]
+        return [r.verdict.value for r in self.results]
 
     @property
     def reproduced(self) -> int:
@@ -160,18 +161,18 @@ class Cell:
             return f"0/{len(self.results)} runs reached a verdict"
         return f"{self.reproduced}/{self.runnable} reproduced ({self.rate:.0%})"
 
-    def to_json(self) -> dict:
-        return {"cell": self.name, "torch": self.case.torch, "arch": self.case.arch.value,
-                "backend": self.case.backend, "verdict": self.verdict, "repeat": len(self.results),
-                "reproduced": self.reproduced, "runnable": self.runnable,
-                "rate": None if self.rate is None else round(self.rate, 4),
-                "runs": [{"verdict": v, "run_dir": r.get("run_dir"), "reason": r.get("reason")}
-                         for v, r in zip(self.verdicts, self.results, strict=True)]}
+    def record(self) -> MatrixCell:
+        return MatrixCell(cell=self.name, torch=self.case.torch, arch=self.case.arch.value,
+                          backend=self.case.backend, verdict=self.verdict, repeat=len(self.results),
+                          reproduced=self.reproduced, runnable=self.runnable,
+                          rate=None if self.rate is None else round(self.rate, 4),
+                          runs=tuple(MatrixRun(verdict=r.verdict, run_dir=r.run_dir, reason=r.reason)
+                                     for r in self.results))
 
 
-def run_matrix(cases: list[Case], run_one: Callable[[Case, int], dict], repeat: int = 1,
-               on_result: Callable[[Cell, dict], None] | None = None) -> list[Cell]:
-    """Run each case `repeat` times (`run_one(case, i)` returns a result.json dict)."""
+def run_matrix(cases: list[Case], run_one: Callable[[Case, int], RunResult], repeat: int = 1,
+               on_result: Callable[[Cell, RunResult], None] | None = None) -> list[Cell]:
+    """Run each case `repeat` times (`run_one(case, i)` runs it once and returns its result)."""
     if repeat < 1:
         raise ScenarioError(f"--repeat must be 1 or more, not {repeat}.", field="--repeat")
     cells = [Cell(c) for c in cases]
@@ -184,5 +185,6 @@ def run_matrix(cases: list[Case], run_one: Callable[[Case, int], dict], repeat: 
     return cells
 
 
-def matrix_json(scenario: Scenario, cells: list[Cell]) -> dict:
-    return {"scenario": scenario.name, "cells": [c.to_json() for c in cells]}
+def matrix_result(scenario: Scenario, cells: list[Cell]) -> MatrixResult:
+    """`lab run --json` of a matrix."""
+    return MatrixResult(scenario=scenario.name, cells=tuple(c.record() for c in cells))

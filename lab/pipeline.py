@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 from . import report
 from .analyze import analyze, read_text
@@ -17,6 +18,7 @@ from .judge import Judgement, build_failed, judge
 from .records import Events, RunLimits, no_events
 from .render import RUNNER_IN_IMAGE, BuildPlan, plan_build
 from .resolve import Case
+from .results import RunResult
 
 LD_DEBUG = "libs,files"
 COLLECT_ENV_TIMEOUT_S = 900
@@ -25,8 +27,18 @@ COLLECT_ENV_TIMEOUT_S = 900
 @dataclass(frozen=True)
 class RunOutcome:
     run_dir: Path
-    result: dict
+    result: RunResult
     judgement: Judgement
+
+
+class RunCase(Protocol):
+    """What the drivers (bisect, matrix, ablation, replay) call to run one case: `run_case` below in
+    production, a fake in unit tests."""
+
+    def __call__(self, case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
+                 *, run_dir: Path | None = None, diagnose: bool = True, compile_debug: bool = False,
+                 allow_network: bool = False, collect_env: bool = True,
+                 plan: BuildPlan | None = None) -> RunOutcome: ...
 
 
 def check_gpu(case: Case, engine: Engine) -> None:

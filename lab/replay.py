@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -33,8 +34,12 @@ from .hostpip import HostPip
 from .records import Events, no_events
 from .render import ContextFile, context_digest, plan_build
 from .resolve import Case, resolve
+from .results import RESULT_NAME, RunResult, read_result
 from .scenario import load_scenario, read_yaml
 from .scrub import MASK
+
+if TYPE_CHECKING:
+    from .pipeline import RunCase
 
 REPLAYED = "replayed"
 _FROM_BUNDLE = ("repro/", "tools/")  # and the Dockerfile: the repro itself; the rest is this host's
@@ -43,19 +48,21 @@ _FROM_BUNDLE = ("repro/", "tools/")  # and the Dockerfile: the repro itself; the
 @dataclass(frozen=True)
 class ReplayOutcome:
     run_dir: Path
-    original: dict
-    result: dict
+    original: RunResult
+    result: RunResult
     comparison: Comparison
     dockerfile_same_as_this_lab: bool
 
 
 def replay(bundle: Path, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events, *,
-           allow_network: bool = False) -> ReplayOutcome:
-    from .pipeline import run_case
+           allow_network: bool = False, run_case: RunCase | None = None) -> ReplayOutcome:
+    if run_case is None:
+        from .pipeline import run_case as production
+        run_case = production
 
     manifest = inspect_bundle(bundle)
-    events("replay", f"bundle of {manifest.get('case')}: {manifest.get('verdict')} "
-                     f"({len(manifest['files'])} files, made by lab {manifest['lab_version']})")
+    events("replay", f"bundle of {manifest.case}: {manifest.verdict} "
+                     f"({len(manifest.files)} files, made by lab {manifest.lab_version})")
     runs_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".replay-", dir=runs_root))
     try:
@@ -74,7 +81,7 @@ def replay(bundle: Path, engine: Engine, host: HostPip, runs_root: Path, events:
     plan, dockerfile_same = _with_bundled_files(plan_build(case, host, events), src)
     events("replay", "rebuilding from the bundled Dockerfile" +
            ("" if dockerfile_same else " (it differs from what this lab version renders)"))
-    diagnose = original.get("graph_breaks") is not None  # needed to compare graph-break counts
+    diagnose = original.graph_breaks is not None  # needed to compare graph-break counts
     outcome = run_case(case, engine, host, runs_root, events, run_dir=run_dir, plan=plan, diagnose=diagnose,
                        allow_network=allow_network)
     comparison = compare(original, outcome.result)
@@ -82,13 +89,9 @@ def replay(bundle: Path, engine: Engine, host: HostPip, runs_root: Path, events:
     return ReplayOutcome(run_dir, original, outcome.result, comparison, dockerfile_same)
 
 
-def _original_result(src: Path, bundle: Path) -> dict:
-    try:
-        data = json.loads((src / "result.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ScenarioError(f"the bundle has no readable result.json ({exc}).", file=str(bundle),
-                            field="result.json") from None
-    if not isinstance(data, dict) or data.get("verdict") is None:
+def _original_result(src: Path, bundle: Path) -> RunResult:
+    data = read_result(src, where=f"{bundle}: {RESULT_NAME}")
+    if not isinstance(data, RunResult):
         raise ScenarioError("the bundled run never reached a verdict (it was interrupted or failed), so there "
                             "is nothing to compare a replay with.", file=str(bundle), field="result.json")
     return data
@@ -144,17 +147,17 @@ def _essential(dockerfile: str) -> list[str]:
     return [line for line in dockerfile.splitlines() if not line.startswith("# Rendered by")]
 
 
-def _write(run_dir: Path, bundle: Path, original: dict, result: dict, comparison: Comparison,
+def _write(run_dir: Path, bundle: Path, original: RunResult, result: RunResult, comparison: Comparison,
            dockerfile_same: bool) -> None:
     data = {"bundle": str(bundle), "same": comparison.same, "differences": [] if comparison.same else
-            list(comparison.lines), "original": {"verdict": original.get("verdict"), "case": original.get("case"),
-                                                  "started": original.get("started"),
-                                                  "lab_version": original.get("lab_version")},
-            "replay": {"verdict": result.get("verdict"), "run_dir": result.get("run_dir")},
+            list(comparison.lines), "original": {"verdict": original.verdict.value, "case": original.case,
+                                                  "started": original.started,
+                                                  "lab_version": original.lab_version},
+            "replay": {"verdict": result.verdict.value, "run_dir": result.run_dir},
             "dockerfile_same_as_this_lab": dockerfile_same}
     (run_dir / "replay.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = ["", "## Replay", "", f"Replayed from `{bundle.name}` (original verdict "
-             f"`{original.get('verdict')}`, run {original.get('started')}): **"
+             f"`{original.verdict.value}`, run {original.started}): **"
              + ("same verdict, same signature" if comparison.same else "different") + "**.", ""]
     if not comparison.same:
         lines += [f"- {line}" for line in comparison.lines] + [""]

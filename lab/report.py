@@ -21,6 +21,7 @@ from .judge import Judgement
 from .records import BaseImage, BuiltImage
 from .render import BuildPlan
 from .resolve import Case
+from .results import RESULT_NAME, BaseRef, EngineRef, ImageRef, RunEvidence, RunResult, UnfinishedRun
 
 _LOG_TAIL_LINES = 200
 
@@ -109,48 +110,43 @@ def write_scenario(run_dir: Path, case: Case, base: BaseImage | None) -> None:
         yaml.safe_dump(resolved_scenario(case, base), sort_keys=False, allow_unicode=True))
 
 
-def result_json(rec: RunRecord) -> dict:
+def run_result(rec: RunRecord) -> RunResult:
+    """result.json (and `lab run --json`) of a run that reached a verdict."""
     ev = rec.evidence
-    exc = ev.exception if ev else None
-    return {
-        "scenario": rec.case.scenario.name,
-        "case": rec.case.name,
-        "torch": rec.case.torch,
-        "arch": rec.case.arch.value,
-        "backend": rec.case.backend,
-        "mode": rec.case.mode,
-        "emulated": rec.emulated,
-        "verdict": rec.judgement.verdict.value,
-        "reason": rec.judgement.reason,
-        "summary": rec.evidence.plain_words() if ev else [],
-        "run_dir": str(rec.run_dir),
-        "evidence": {
-            "duplicate_runtimes": [{"family": d.family, "pid": d.pid, "paths": list(d.paths)}
-                                   for d in (ev.duplicate_runtimes if ev else ())],
-            "exception": None if exc is None else {"type": exc.type, "message": exc.message},
-        },
-        "graph_breaks": rec.diagnostics.graph_break_count if rec.diagnostics else None,
-        "exit_code": ev.exit_code if ev else None,
-        "duration_s": round(ev.duration_s, 2) if ev else None,
-        "killed": _killed(ev),
-        "limits": None if ev is None or ev.limits is None else ev.limits.describe(),
-        "checks": rec.judgement.to_json()["checks"],
-        "image": None if rec.image is None else {"tag": rec.image.tag, "id": rec.image.image_id,
-                                                 "cached": rec.image.cached},
-        "base": None if rec.base is None else {"requested": rec.base.requested, "ref": rec.base.ref,
-                                               "origin": rec.base.origin, "image_id": rec.base.image_id},
-        "engine": {"version": rec.engine_version, "host_arch": rec.host_arch},
-        "lab_version": __version__,
-        "started": rec.started.isoformat(timespec="seconds"),
-    }
+    return RunResult(
+        scenario=rec.case.scenario.name,
+        case=rec.case.name,
+        torch=rec.case.torch,
+        arch=rec.case.arch.value,
+        backend=rec.case.backend,
+        mode=rec.case.mode,
+        emulated=rec.emulated,
+        verdict=rec.judgement.verdict,
+        reason=rec.judgement.reason,
+        summary=tuple(ev.plain_words()) if ev else (),
+        run_dir=str(rec.run_dir),
+        evidence=ev.summary() if ev else RunEvidence(),
+        graph_breaks=rec.diagnostics.graph_break_count if rec.diagnostics else None,
+        exit_code=ev.exit_code if ev else None,
+        duration_s=round(ev.duration_s, 2) if ev else None,
+        killed=_killed(ev),
+        limits=None if ev is None or ev.limits is None else ev.limits.describe(),
+        checks=rec.judgement.checks,
+        image=None if rec.image is None else ImageRef(tag=rec.image.tag, id=rec.image.image_id,
+                                                      cached=rec.image.cached),
+        base=None if rec.base is None else BaseRef(requested=rec.base.requested, ref=rec.base.ref,
+                                                   origin=rec.base.origin, image_id=rec.base.image_id),
+        engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch),
+        lab_version=__version__,
+        started=rec.started.isoformat(timespec="seconds"),
+    )
 
 
-def write_results(rec: RunRecord) -> dict:
-    result = result_json(rec)
-    _dump_json(rec.run_dir / "result.json", result)
+def write_results(rec: RunRecord) -> RunResult:
+    result = run_result(rec)
+    result.write(rec.run_dir / RESULT_NAME)
     if rec.evidence is not None:
-        _dump_json(rec.run_dir / "evidence.json", {**rec.evidence.to_json(),
-                                                   "judgement": rec.judgement.to_json()})
+        rec.evidence.record(rec.judgement).write(rec.run_dir / "evidence.json")
     if rec.collect_env is not None:
         (rec.run_dir / "collect_env.txt").write_text(rec.collect_env)
     if rec.diagnostics is not None:
@@ -162,10 +158,9 @@ def write_results(rec: RunRecord) -> dict:
 def mark_unfinished(run_dir: Path, case: Case, status: str, reason: str) -> None:
     """Best effort, when a run stops without a verdict (Ctrl-C, or the infrastructure failed):
     leave a result.json that says what happened. `status` is "interrupted" or "failed"."""
-    _dump_json(run_dir / "result.json", {"scenario": case.scenario.name, "case": case.name,
-                                         "torch": case.torch, "arch": case.arch.value,
-                                         "verdict": None, "status": status, "reason": reason,
-                                         "run_dir": str(run_dir)})
+    UnfinishedRun(scenario=case.scenario.name, case=case.name, torch=case.torch, arch=case.arch.value,
+                  backend=case.backend, mode=case.mode, status=status, reason=reason,
+                  run_dir=str(run_dir)).write(run_dir / RESULT_NAME)
 
 
 def _dump_json(path: Path, data: dict) -> None:

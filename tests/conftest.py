@@ -55,3 +55,17 @@ def tiny_scenario(folder: Path, body: str):
     path = folder / "tiny.yaml"
     path.write_text(body + "script: s.py\n")
     return load_scenario(path, SCENARIOS)
+
+
+def fake_result(case, verdict, run_dir, *, reason: str = "", summary=(), image=None, **fields):
+    """A RunResult as lab.pipeline.run_case returns it, for the unit tests' fake runners."""
+    from lab.results import EngineRef, RunEvidence, RunResult, Verdict
+    values = dict(scenario=case.scenario.name, case=case.name, torch=case.torch, arch=case.arch.value,
+                  backend=case.backend, mode=case.mode, emulated=case.arch.value != "amd64",
+                  verdict=Verdict(verdict), reason=reason or f"{verdict} at {case.torch}", summary=tuple(summary),
+                  run_dir=str(run_dir), evidence=RunEvidence(), graph_breaks=None,
+                  exit_code=1 if verdict == "reproduced" else 0, duration_s=1.5, killed=None,
+                  limits="memory 8 GiB, pids 4096, all cpus, no network", checks=(), image=image, base=None,
+                  engine=EngineRef(version="20.10.24+dfsg1", host_arch="x86_64"), lab_version="0.1.0",
+                  started="2026-11-22T12:00:00+00:00")
+    return RunResult(**{**values, **fields})

@@ -1,14 +1,19 @@
-"""The FAQ's ablation ladder as pure logic: which layer a bug belongs to."""
+"""The FAQ's ablation ladder as pure logic (which layer a bug belongs to), and run_ablation with a fake runner."""
+
+import json
 
 import pytest
 
-from lab.ablate import LADDER, Step, conclude, rungs
+from lab.ablate import LADDER, Step, conclude, run_ablation, rungs
 from lab.errors import ScenarioError
+from lab.hostpip import HostPip
 from lab.judge import Verdict
+from lab.pipeline import RunOutcome
 from lab.resolve import check_ablatable, resolve
-from lab.scenario import load_scenario
+from lab.results import AblationResult, Judgement, read_result
+from lab.scenario import Arch, load_scenario
 
-from .conftest import SCENARIOS, tiny_scenario
+from .conftest import SCENARIOS, fake_result, tiny_scenario
 
 R, N, E, T = Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.ERROR, Verdict.TIMEOUT
 
@@ -67,3 +72,42 @@ def test_hook_scenarios_run_through_the_runner_with_the_backend_set(tmp_path):
 def test_mode_needs_inductor():
     with pytest.raises(ScenarioError, match="--mode"):
         resolve(load_scenario("dlpack-cpu", SCENARIOS), backend="eager", mode="max-autotune")
+
+
+class FakeRungs:
+    """Stands in for pipeline.run_case: the bug shows from aot_eager on."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[str | None, str | None]] = []
+
+    def __call__(self, case, engine, host, runs_root, events, *, run_dir, diagnose):
+        assert diagnose is False
+        self.ran.append((case.backend, case.mode))
+        result = fake_result(case, "not_reproduced" if case.backend == "eager" else "reproduced", run_dir)
+        result.write(run_dir / "result.json")
+        return RunOutcome(run_dir, result, Judgement(verdict=result.verdict, reason=result.reason))
+
+
+class AmdEngine:
+    arch = Arch.AMD64
+
+
+def ablate_with_fakes(tmp_path):
+    case = resolve(tiny_scenario(tmp_path, 'name: a\ntorch: "2.5.1"\narch: amd64\nbase: debian:bookworm\n'
+                                           'expect: {exit_code: 1}\nablation: {max_autotune: true}\n'))
+    fake = FakeRungs()
+    return run_ablation(case, AmdEngine(), HostPip(), tmp_path / "runs", run_case=fake), fake
+
+
+def test_run_ablation_runs_every_rung_and_writes_its_result(tmp_path):
+    ablation, fake = ablate_with_fakes(tmp_path)
+    assert fake.ran == [("eager", None), ("aot_eager", None), ("inductor", None), ("inductor", "max-autotune")]
+    assert ablation.conclusion.layer == "aot_autograd"
+    assert [s.verdict for s in ablation.steps] == [Verdict.NOT_REPRODUCED] + [Verdict.REPRODUCED] * 3
+    written = AblationResult.model_validate_json((ablation.folder / "ablation.json").read_text())
+    assert written == ablation.result and not written.emulated and written.layer == "aot_autograd"
+    data = json.loads((ablation.folder / "ablation.json").read_text())
+    assert {"scenario", "torch", "arch", "emulated", "run_dir", "ablation", "layer", "conclusion"} <= set(data)
+    assert "passes `eager`, fails `aot_eager`" in (ablation.folder / "ablation.md").read_text()
+    for step in ablation.steps:
+        assert read_result(step.run_dir).verdict == step.verdict

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lab.analyze import analyze
 from lab.records import RawRun, RunLimits
+from lab.results import EvidenceRecord, Judgement, Verdict
 
 from .conftest import DATA
 
@@ -25,7 +26,9 @@ def test_one_libgomp_is_named_when_there_is_no_duplicate(tmp_path):
     (gomp,) = [s for s in ev.single_runtimes if s[0] == "libgomp"]
     assert gomp[1].endswith("torch/lib/libgomp.so.1")
     assert any(w.startswith("one GNU OpenMP runtime in every process that loaded one: ") for w in ev.plain_words())
-    assert ev.to_json()["single_runtimes"]
+    record = ev.record(Judgement(verdict=Verdict.NOT_REPRODUCED, reason="one libgomp"))
+    assert [(s.family, s.path) for s in record.single_runtimes] == [(f, p) for f, p, _ in ev.single_runtimes]
+    assert EvidenceRecord.model_validate_json(record.model_dump_json()) == record
 
 
 def test_two_libgomps_are_not_a_single_runtime(tmp_path):

@@ -65,12 +65,12 @@ def test_outcome_of_maps_verdicts_and_enum():
 def test_probe_keeps_raw_verdict_and_outcome():
     p = Probe.judged("2.13.0", Verdict.ERROR, reason="crashed under emulation")
     assert (p.outcome, p.verdict, p.skipped) == ("skip", "error", True)
-    assert Probe("2.5.1", "reproduced").verdict == "reproduced"
-    assert Probe("2.5.1", "skip").verdict == "skip"
+    assert Probe(version="2.5.1", outcome="reproduced").verdict == "reproduced"
+    assert Probe(version="2.5.1", outcome="skip").verdict == "skip"
     with pytest.raises(ValueError):
-        Probe("2.5.1", "good")
+        Probe(version="2.5.1", outcome="good")
     with pytest.raises(ValueError, match="contradicts"):
-        Probe("2.5.1", "reproduced", verdict="error")
+        Probe(version="2.5.1", outcome="reproduced", verdict="error")
 
 
 def test_cost_bound():
@@ -231,7 +231,7 @@ def test_repeated_release_is_an_error():
 
 def test_probe_for_wrong_version_is_an_error():
     with pytest.raises(BisectError, match="answered for"):
-        bisect(["1", "2"], lambda v: Probe("3", R))
+        bisect(["1", "2"], lambda v: Probe(version="3", outcome=R))
 
 
 # -- flaky histories and determinism --------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from lab.bisect import Probe, bisect
+from lab.bisect import BisectResult, Probe, bisect
 from lab.bisect_report import render_svg, write_bisect_report
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -64,8 +64,10 @@ def test_json_is_the_results_json(tmp_path):
     result = bisect(VERSIONS, fake(regression("2.9.0")))
     write_bisect_report(tmp_path, "s", "arm64", result, VERSIONS)
     data = json.loads((tmp_path / "bisect.json").read_text())
-    assert {k: data[k] for k in result.to_json()} == result.to_json()
+    written = BisectResult.model_validate_json((tmp_path / "bisect.json").read_text())
+    assert written == result.model_copy(update={"scenario": "s", "arch": "arm64", "candidates": tuple(VERSIONS)})
     assert data["candidates"] == VERSIONS and data["scenario"] == "s"
+    assert (data["schema_version"], data["kind"]) == (1, "bisect")
 
 
 def test_svg_is_valid_xml_with_a_mark_per_candidate(tmp_path):
@@ -119,7 +121,7 @@ def test_markdown_for_no_change_without_resume(tmp_path):
 
 
 def test_relative_run_dirs_kept_and_absolute_made_relative(tmp_path):
-    result = bisect(["1.0", "1.1"], lambda v: Probe(v, "reproduced" if v == "1.1" else "not_reproduced",
+    result = bisect(["1.0", "1.1"], lambda v: Probe(version=v, outcome="reproduced" if v == "1.1" else "not_reproduced",
                                                     run_dir="../runs/x" if v == "1.0" else str(tmp_path / "r y")))
     md = write_bisect_report(tmp_path / "out", "s", "amd64", result, ["1.0", "1.1"]).read_text()
     assert "[../runs/x](../runs/x/)" in md

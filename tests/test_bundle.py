@@ -33,6 +33,8 @@ from lab.bundle import (
     signature,
     write_bundle,
 )
+from lab.errors import ResultError
+from lab.results import RunResult
 
 REAL_RUN = Path(__file__).resolve().parent / "data" / "run-folders" / "20261122T120958Z-torch2.5.1-arm64"  # a real run
 CREATED = datetime(2026, 11, 22, 12, 30, tzinfo=timezone.utc)
@@ -41,7 +43,8 @@ HOME = "/home/ana"
 ENV = {"HF_TOKEN": SECRET, "HOME": HOME, "PATH": "/usr/bin"}
 NAME = "20261122T120958Z-torch2.5.1-arm64"
 
-RESULT = {
+RESULT = {  # a result.json as `lab run` writes it (schema 1)
+    "schema_version": 1, "kind": "run",
     "scenario": "libgomp-aarch64", "case": "libgomp-aarch64[torch=2.5.1,arch=arm64]", "torch": "2.5.1",
     "arch": "arm64", "backend": None, "mode": None, "emulated": True, "verdict": "reproduced",
     "reason": "every expectation held", "summary": ["two GNU OpenMP runtimes in pid 1"],
@@ -49,9 +52,13 @@ RESULT = {
     "evidence": {"duplicate_runtimes": [{"family": "libgomp", "pid": 1, "paths": [
         "/opt/venv/lib/python3.11/site-packages/torch/lib/../../torch.libs/libgomp-f3febf51.so.1.0.0",
         "/lib/aarch64-linux-gnu/libgomp.so.1"]}], "exception": None},
-    "graph_breaks": None, "exit_code": 0,
+    "graph_breaks": None, "exit_code": 0, "duration_s": 58.97, "killed": None,
+    "limits": "memory 8 GiB, pids 4096, all cpus, no network", "checks": [],
+    "image": {"tag": "torch-repro-lab/case:libgomp-aarch64-742e2307b639011e", "id": "sha256:01", "cached": False},
     "base": {"requested": "debian:bookworm", "ref": "torch-repro-lab/debian:bookworm-arm64",
              "origin": "bootstrapped", "image_id": "sha256:00"},
+    "engine": {"version": "20.10.24+dfsg1", "host_arch": "x86_64"}, "lab_version": "0.1.0",
+    "started": "2026-11-22T12:09:58+00:00",
 }
 SCENARIO_YAML = f"""\
 name: libgomp-aarch64
@@ -147,27 +154,27 @@ def test_bundle_layout(run: Path, tmp_path: Path) -> None:
 
 def test_left_out(bundle: Path) -> None:
     manifest = inspect_bundle(bundle)
-    why = {entry["path"]: entry["why"] for entry in manifest["left_out"]}
+    why = {entry.path: entry.why for entry in manifest.left_out}
     assert why == {
         "wheels/torch-2.5.1-cp311-none-linux_aarch64.whl": WHY_WHEEL, "lab/ca.crt": WHY_CA,
         "passwd-link": WHY_LINK, "etc-dir-link": WHY_LINK, "out/pipe": WHY_SPECIAL,
         "diagnose/leaky.bin": WHY_BINARY_SECRET, "site/torch/lib/libtorch_cpu.so": WHY_SITE,
     }
-    wheel = next(e for e in manifest["left_out"] if e["why"] == WHY_WHEEL)
-    assert wheel["size"] == 3004 and len(wheel["sha256"]) == 64
-    assert next(e for e in manifest["left_out"] if e["path"] == "passwd-link")["sha256"] is None
-    paths = {f["path"] for f in manifest["files"]}
+    wheel = next(e for e in manifest.left_out if e.why == WHY_WHEEL)
+    assert wheel.size == 3004 and len(wheel.sha256) == 64
+    assert next(e for e in manifest.left_out if e.path == "passwd-link").sha256 is None
+    paths = {f.path for f in manifest.files}
     assert not paths & set(why)
 
 
 def test_manifest_fields(bundle: Path) -> None:
     manifest = inspect_bundle(bundle)
-    assert manifest["format"] == "torch-repro-lab-bundle" and manifest["format_version"] == 1
-    assert manifest["created"] == "2026-11-22T12:30:00+00:00" and manifest["lab_version"] == "0.1.0"
-    assert (manifest["scenario"], manifest["torch"], manifest["arch"], manifest["verdict"]) == \
+    assert manifest.format == "torch-repro-lab-bundle" and manifest.format_version == 1
+    assert manifest.created == "2026-11-22T12:30:00+00:00" and manifest.lab_version == "0.1.0"
+    assert (manifest.scenario, manifest.torch, manifest.arch, manifest.verdict) == \
         ("libgomp-aarch64", "2.5.1", "arm64", "reproduced")
-    assert manifest["summary"] == ["two GNU OpenMP runtimes in pid 1"] and manifest["slim"] is False
-    kinds = {f["path"]: f["kind"] for f in manifest["files"]}
+    assert manifest.summary == ["two GNU OpenMP runtimes in pid 1"] and manifest.slim is False
+    kinds = {f.path: f.kind for f in manifest.files}
     assert kinds["result.json"] == "meta" and kinds["out/ld/ld.1"] == "data" and kinds["diagnose/blob.bin"] == "data"
 
 
@@ -175,9 +182,9 @@ def test_open_bundle_roundtrip_and_scrubbed(bundle: Path, tmp_path: Path) -> Non
     folder = open_bundle(bundle, tmp_path / "opened")
     assert folder == tmp_path / "opened" / NAME
     manifest = inspect_bundle(bundle)
-    for entry in manifest["files"]:
-        data = (folder / entry["path"]).read_bytes()
-        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"])
+    for entry in manifest.files:
+        data = (folder / entry.path).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry.size, entry.sha256)
     everything = all_bytes(tmp_path / "opened")
     assert SECRET.encode() not in everything
     assert b"hunter22" not in everything and b"pypi-xyz" not in everything
@@ -221,10 +228,10 @@ def test_slim(run: Path, tmp_path: Path) -> None:
     full = write_bundle(run, tmp_path / "full.tar.gz", env=ENV, created=CREATED)
     slim = write_bundle(run, tmp_path / "slim.tar.gz", slim=True, env=ENV, created=CREATED)
     manifest = inspect_bundle(slim.path)
-    assert manifest["slim"] is True
-    slimmed = {e["path"] for e in manifest["left_out"] if e["why"] == WHY_SLIM}
+    assert manifest.slim is True
+    slimmed = {e.path for e in manifest.left_out if e.why == WHY_SLIM}
     assert slimmed == {"out/ld/ld.1", "out/ld/ld.7"}
-    paths = {f["path"] for f in manifest["files"]}
+    paths = {f.path for f in manifest.files}
     assert "diagnose/blob.bin" in paths and not any(p.startswith("out/ld/") for p in paths)
     assert slim.file_count == full.file_count - 2
 
@@ -245,26 +252,38 @@ def test_default_output_in_cwd(run: Path, tmp_path: Path, monkeypatch: pytest.Mo
 def test_output_inside_run_folder_is_not_bundled(run: Path) -> None:
     first = write_bundle(run, run / "self.tar.gz", env=ENV)
     second = write_bundle(run, run / "self.tar.gz", env=ENV)
-    assert "self.tar.gz" not in {f["path"] for f in second.manifest["files"]}
+    assert "self.tar.gz" not in {f.path for f in second.manifest.files}
     assert first.file_count == second.file_count
 
 
 def test_not_a_run_folder(tmp_path: Path) -> None:
-    with pytest.raises(BundleError, match="not a run folder: it has no result.json"):
+    with pytest.raises(ResultError, match="result.json: there is no such file, so .* is not a run folder"):
         write_bundle(tmp_path, tmp_path / "x.tar.gz")
     with pytest.raises(BundleError, match="it is not a folder"):
         write_bundle(tmp_path / "absent", tmp_path / "x.tar.gz")
     (tmp_path / "result.json").write_text("[1, 2")
-    with pytest.raises(BundleError, match="cannot be read as JSON"):
+    with pytest.raises(ResultError, match="result.json: is not valid JSON"):
+        write_bundle(tmp_path, tmp_path / "x.tar.gz")
+    (tmp_path / "result.json").write_text(json.dumps({**RESULT, "schema_version": 2}))
+    with pytest.raises(ResultError, match="written by a newer torch-repro-lab"):
         write_bundle(tmp_path, tmp_path / "x.tar.gz")
     assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_an_unfinished_run_can_be_bundled(run: Path, tmp_path: Path) -> None:
+    unfinished = {"schema_version": 1, "kind": "run", "scenario": "libgomp-aarch64", "case": RESULT["case"],
+                  "torch": "2.5.1", "arch": "arm64", "backend": None, "mode": None, "verdict": None,
+                  "status": "interrupted", "reason": "interrupted by the user", "run_dir": RESULT["run_dir"]}
+    (run / "result.json").write_text(json.dumps(unfinished))
+    manifest = write_bundle(run, tmp_path / "b.tar.gz", env=ENV, created=CREATED).manifest
+    assert (manifest.verdict, manifest.reason, manifest.summary) == (None, "interrupted by the user", [])
 
 
 def test_real_run_folder(tmp_path: Path) -> None:
     full = write_bundle(REAL_RUN, tmp_path / "full.tar.gz", env={}, created=CREATED)
     slim = write_bundle(REAL_RUN, tmp_path / "slim.tar.gz", slim=True, env={}, created=CREATED)
     assert full.size < 64_000 and slim.size < full.size
-    assert [e["path"] for e in full.left_out] == ["lab/ca.crt"]
+    assert [e.path for e in full.left_out] == ["lab/ca.crt"]
     folder = open_bundle(full.path, tmp_path / "o")
     for rel in ("result.json", "evidence.json", "out/ld/ld.1", "Dockerfile", "repro/libgomp_aarch64.py"):
         assert (folder / rel).read_bytes() == (REAL_RUN / rel).read_bytes(), rel
@@ -306,7 +325,7 @@ def test_inspect_reads_only_the_head(run: Path, tmp_path: Path) -> None:
         manifest = inspect_bundle(counting)
     finally:
         counting.close()
-    assert manifest["verdict"] == "reproduced"
+    assert manifest.verdict == "reproduced"
     assert counting.bytes_read < 256 << 10, counting.bytes_read  # of more than 50 MiB
 
 
@@ -458,7 +477,7 @@ def test_truncated_bundle(run: Path, tmp_path: Path) -> None:
     data = write_bundle(run, tmp_path / "b.tar.gz", env=ENV).path.read_bytes()
     cut = tmp_path / "cut.tar.gz"
     cut.write_bytes(data[: len(data) // 2])
-    assert inspect_bundle(cut)["verdict"] == "reproduced"  # the head is intact
+    assert inspect_bundle(cut).verdict == "reproduced"  # the head is intact
     refused(tmp_path, cut, "truncated")
 
 
@@ -466,7 +485,7 @@ def test_truncated_bundle(run: Path, tmp_path: Path) -> None:
 
 
 def test_replay_instructions_plain() -> None:
-    text = replay_instructions("b.tar.gz", {"arch": "amd64", "run_dir": "runs/s/run-1"})
+    text = replay_instructions("b.tar.gz", result(arch="amd64", run_dir="runs/s/run-1", emulated=False, base=None))
     assert text.startswith(REPLAY_HEADING + "\n")
     assert "lab replay b.tar.gz" in text and "tar xzf b.tar.gz" in text and "cd run-1" in text
     assert "pip install ./torch-repro-lab" in text
@@ -478,8 +497,8 @@ def test_replay_instructions_plain() -> None:
 def test_replay_instructions_gpu_network_limits() -> None:
     scenario = {"base": "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", "gpu": True, "network": True,
                 "env": {"A": "x y"}, "limits": {"memory": "8g", "pids": 4096, "cpus": 2.0}}
-    text = replay_instructions("my bundle.tar.gz", {"arch": "amd64", "backend": "inductor"}, scenario=scenario,
-                               folder="f")
+    text = replay_instructions("my bundle.tar.gz", result(arch="amd64", backend="inductor", base=None),
+                               scenario=scenario, folder="f")
     assert "--build-arg BASE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04" in text
     assert ("docker run --rm --platform linux/amd64 --gpus all --memory 8g --pids-limit 4096 --cpus 2.0 "
             "-e 'A=x y' -e LAB_BACKEND=inductor -e LD_DEBUG=libs,files repro") in text
@@ -489,12 +508,12 @@ def test_replay_instructions_gpu_network_limits() -> None:
 # --------------------------------------------------------------------------- signatures
 
 
-def result(**changes: Any) -> dict[str, Any]:
-    return {**RESULT, **changes}
+def result(**changes: Any) -> RunResult:
+    return RunResult.model_validate({**RESULT, **changes})
 
 
 def test_signature() -> None:
-    sig = signature(RESULT)
+    sig = signature(result())
     assert sig == {"verdict": "reproduced",
                    "duplicate_runtimes": {"libgomp": ["libgomp-f3febf51.so.1.0.0", "libgomp.so.1"]},
                    "exception": None, "exit": "success"}
@@ -503,7 +522,7 @@ def test_signature() -> None:
         graph_breaks=3, exit_code=1))
     assert exc["exception"] == {"type": "torch._dynamo.exc.Unsupported", "message": "Dynamo does not know"}
     assert exc["graph_breaks"] == 3 and exc["exit"] == "failure"
-    assert signature({})["exit"] == "none" and signature(result(exit_code=139))["exit"] == "signal"
+    assert signature(result(exit_code=None))["exit"] == "none" and signature(result(exit_code=139))["exit"] == "signal"
 
 
 def test_compare_same_ignores_pids_and_folders() -> None:
@@ -511,15 +530,15 @@ def test_compare_same_ignores_pids_and_folders() -> None:
         {"family": "libgomp", "pid": 77, "paths": ["/lib/aarch64-linux-gnu/libgomp.so.1"]},
         {"family": "libgomp", "pid": 77, "paths": ["/other/venv/torch.libs/libgomp-f3febf51.so.1.0.0"]}],
         "exception": None}, run_dir="elsewhere", duration_s=3)
-    assert compare(RESULT, moved) == compare(RESULT, RESULT)
-    assert compare(RESULT, moved).same and compare(RESULT, moved).lines == ("same verdict, same signature",)
+    assert compare(result(), moved) == compare(result(), result())
+    assert compare(result(), moved).same and compare(result(), moved).lines == ("same verdict, same signature",)
 
 
 def test_compare_lists_differences() -> None:
     new = result(verdict="not_reproduced", exit_code=1, evidence={
         "duplicate_runtimes": [{"family": "libgomp", "pid": 1, "paths": ["/lib/libgomp.so.1"]}],
         "exception": {"type": "RuntimeError", "message": "boom\ndetails"}})
-    comparison = compare(RESULT, new)
+    comparison = compare(result(), new)
     assert not comparison.same
     assert comparison.lines == (
         "verdict: reproduced → not_reproduced",
@@ -527,7 +546,7 @@ def test_compare_lists_differences() -> None:
         "exception: none → RuntimeError: boom",
         "exit: success → failure",
     )
-    gone = compare(RESULT, result(evidence={"duplicate_runtimes": [], "exception": None}))
+    gone = compare(result(), result(evidence={"duplicate_runtimes": [], "exception": None}))
     assert gone.lines == ("libgomp runtimes: {libgomp-f3febf51.so.1.0.0, libgomp.so.1} → none",)
     breaks = compare(result(graph_breaks=1), result(graph_breaks=0))
     assert breaks.lines == ("graph breaks: 1 → 0",)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 
-from .conftest import last_json, run_lab
+from .conftest import ROOT, last_json, run_lab
 
 
 def assert_one_paragraph_error(proc, *needles: str) -> None:
@@ -92,3 +93,21 @@ def test_doctor_json_reports_each_check():
         assert c["status"] in ("ok", "warn", "fail")
         if c["status"] == "fail":
             assert c["fix"]
+
+
+def test_only_the_cli_prints():
+    """Everything else reports through return values, exceptions and the `events` callback.
+    lab/probe/ is the runner baked into images: a program of its own, with its own stderr."""
+    offenders = []
+    for path in sorted((ROOT / "lab").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "lab/cli.py" or rel.startswith("lab/probe/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                text = ast.unparse(node.func)
+                if text in ("print", "pprint", "sys.stdout.write", "sys.stderr.write") or text.endswith("Console"):
+                    offenders.append(f"{rel}:{node.lineno}: {text}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rich"):
+                offenders.append(f"{rel}:{node.lineno}: from {node.module} import")
+    assert offenders == []

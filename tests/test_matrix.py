@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from lab.errors import ScenarioError
-from lab.matrix import Cell, expand, matrix_json, run_matrix, select, split_list
+from lab.matrix import Cell, expand, matrix_result, run_matrix, select, split_list
+from lab.results import MatrixResult
 
-from .conftest import tiny_scenario
+from .conftest import fake_result, tiny_scenario
 
 BODY = "name: m\ntorch: ['2.5.1', '2.9.1']\narch: [amd64, arm64]\nbase: debian:bookworm\nexpect:\n  exit_code: 0\n"
 
@@ -63,7 +64,7 @@ def test_run_matrix_repeats_and_rates(scenario):
 
     def run_one(case, i):
         calls.append((case.name, i))
-        return {"verdict": answers[case.name][i], "run_dir": f"runs/{i}"}
+        return fake_result(case, answers[case.name][i], f"runs/{i}")
 
     cells = run_matrix(select(expand(scenario), "amd64"), run_one, repeat=4)
     assert calls == [(n, i) for n in answers for i in range(4)]
@@ -71,7 +72,10 @@ def test_run_matrix_repeats_and_rates(scenario):
     assert flaky.verdict == "mixed" and flaky.reproduced == 2 and flaky.runnable == 3
     assert flaky.rate_words() == "2/3 reproduced (67%)"
     assert steady.verdict == "not_reproduced" and steady.rate == 0.0
-    data = matrix_json(scenario, cells)
+    record = matrix_result(scenario, cells)
+    assert MatrixResult.model_validate_json(record.model_dump_json()) == record
+    data = record.to_json()
+    assert data["schema_version"] == 1 and data["kind"] == "matrix"
     assert data["scenario"] == "m"
     assert [c["cell"] for c in data["cells"]] == list(answers)
     assert data["cells"][0]["rate"] == pytest.approx(2 / 3, abs=1e-4)
@@ -81,10 +85,10 @@ def test_run_matrix_repeats_and_rates(scenario):
 def test_cell_words(scenario):
     case = expand(scenario)[0]
     assert Cell(case).verdict == "not_run"
-    cell = Cell(case, [{"verdict": "reproduced"}, {"verdict": "not_reproduced"}])
+    cell = Cell(case, [fake_result(case, "reproduced", "r1"), fake_result(case, "not_reproduced", "r2")])
     assert cell.verdict == "flaky"
-    cell = Cell(case, [{"verdict": None, "status": "interrupted"}])
-    assert cell.verdict == "interrupted" and cell.rate is None
+    cell = Cell(case, [fake_result(case, "error", "r1")])
+    assert cell.verdict == "error" and cell.rate is None
     assert cell.rate_words() == "0/1 runs reached a verdict"
 
 
