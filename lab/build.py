@@ -1,4 +1,8 @@
-"""BuildPlan -> image: ensure the base, then build unless the content-addressed tag exists."""
+"""BuildPlan -> image: ensure the base, then build unless the content-addressed tag exists.
+
+Before anything is built, `check_release` refuses a torch version that the host's package
+sources do not have for the case.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,66 @@ import hashlib
 import time
 from pathlib import Path
 
+from packaging.version import Version
+
+from . import releases
 from .base import ensure_base
 from .engine import Engine
 from .hostpip import HostPip
 from .records import BuiltImage, Events, no_events
 from .render import IMAGE_REPO, BuildPlan
+from .resolve import Case
+from .scrub import strip_url_credentials
 
 
 def image_tag(plan: BuildPlan, base_id: str) -> str:
     """Content-addressed: the context (Dockerfile included) and the exact base image."""
     digest = hashlib.sha256(f"{plan.digest}\n{base_id}".encode()).hexdigest()
     return f"{IMAGE_REPO}:{plan.case.scenario.name}-{digest[:16]}"
+
+
+def check_release(case: Case, host: HostPip, events: Events = no_events) -> None:
+    """Refuse, before anything is built, a torch version that no source of the host's pip has a
+    wheel of for the case's arch and Python (the release lists lab.releases reads and caches for a
+    day; a miss reads them again). `torch==2.13.0` is there when only `2.13.0+cpu` is, as pip
+    matches it. When the base's Python is unknown, or an index cannot be read, the check is
+    skipped and the build decides."""
+    python = case.python
+    if python is None:
+        events("build", f"not checking that torch {case.torch} exists: the lab does not know the Python "
+                        f"of {case.scenario.base}")
+        return
+    try:
+        found = _releases(case, host, python, refresh=False)
+        if not _published(found, case.torch):
+            found = _releases(case, host, python, refresh=True)
+    except releases.IndexUnreachableError as exc:
+        events("build", f"could not check that torch {case.torch} exists ({exc.message}); building anyway")
+        return
+    if _published(found, case.torch):
+        return
+    target = Version(case.torch)
+    nearest = [v for v in found if Version(v) < target][-1:] + [v for v in found if Version(v) > target][:1]
+    where = ", ".join(strip_url_credentials(url) for _, url in releases.sources(host))
+    raise releases.ReleaseError(
+        f"torch {case.torch} has no {releases.describe(python, case.arch)} on the host's package sources "
+        f"({where}), so there is nothing to build for {case.name}"
+        + (f"; the nearest {'releases are' if len(nearest) > 1 else 'release is'} {' and '.join(nearest)}."
+           if nearest else "; they have no torch wheel for it at all."),
+        hint="Choose a release that exists (`lab bisect --from/--to` lists the candidates), or add the index "
+             "or find-links folder that has this build to the host's pip settings.")
+
+
+def _releases(case: Case, host: HostPip, python: str, refresh: bool) -> list[str]:
+    return releases.candidates("torch", host=host, python=python, arch=case.arch, include_pre=True,
+                               refresh=refresh)
+
+
+def _published(found: list[str], wanted: str) -> bool:
+    """Whether pip's `torch==wanted` finds one of `found` (a public version matches its local builds)."""
+    target = Version(wanted)
+    return any(Version(v) == target or (not target.local and Version(v).public == target.public)
+               for v in found)
 
 
 def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events = no_events,
