@@ -1,25 +1,33 @@
 """BuildPlan -> image: ensure the base, then build unless the content-addressed tag exists.
 
 Before anything is built, `check_release` refuses a torch version that the host's package
-sources do not have for the case.
+sources do not have for the case. During a build, the host's pip credentials reach the pip step
+through a one-shot server (lab.buildsecret), never through the context, and the build log that
+goes into the run folder has every credential and secret value taken out (lab.scrub).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.version import Version
 
 from . import releases
 from .base import ensure_base
+from .buildsecret import serve_once
 from .engine import Engine
+from .errors import BuildError
 from .hostpip import HostPip
 from .records import BuiltImage, Events, no_events
-from .render import IMAGE_REPO, BuildPlan
+from .render import IMAGE_REPO, BuildPlan, image_pip_conf, render_dockerfile
 from .resolve import Case
-from .scrub import strip_url_credentials
+from .scrub import redact_secrets, strip_url_credentials
+
+PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
 
 
 def image_tag(plan: BuildPlan, base_id: str) -> str:
@@ -93,8 +101,39 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
         events("build", line)
 
     try:
-        image_id = engine.build(plan, base.ref, tag, dict(host.proxies), on_line)
+        with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
+            image_id = engine.build(plan, base.ref, tag, {**dict(host.proxies), **extra_args}, on_line,
+                                    network_mode=network_mode)
+    except BuildError as exc:
+        raise BuildError(redact_secrets(exc.message), log=redact_secrets(exc.log),
+                         hint=redact_secrets(exc.hint) if exc.hint else None) from None
     finally:
         if log_path:
-            log_path.write_text("\n".join(lines) + "\n")
+            log_path.write_text(redact_secrets("\n".join(lines) + "\n"))
     return BuiltImage(tag, image_id, base, cached=False, build_seconds=time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def _pip_credentials(plan: BuildPlan, engine: Engine, host: HostPip,
+                     events: Events) -> Iterator[tuple[dict[str, str], str | None]]:
+    """(extra build args, network mode) for this build: the one-shot pip.conf URL and the host's
+    network when the host's indexes need credentials, else nothing. Credentials go only to a
+    Dockerfile this lab rendered for the case (never to a bundle's own), and only to a local engine
+    (a remote one cannot reach the host's loopback)."""
+    if not host.has_credentials:
+        yield {}, None
+        return
+    if plan.dockerfile != render_dockerfile(plan.case):
+        events("build", "the host's index credentials are not passed to a Dockerfile the lab did not "
+                        "render; pip in this build sees the indexes without them")
+        yield {}, None
+        return
+    if not engine.is_local:
+        events("build", "the engine is remote, so it cannot fetch the host's index credentials; pip in "
+                        "this build sees the indexes without them")
+        yield {}, None
+        return
+    with serve_once(image_pip_conf(host, credentials=True).encode()) as shot:
+        events("build", "the host's index credentials reach the pip step through a one-shot URL on "
+                        "127.0.0.1 (the build uses the host's network); no layer keeps them")
+        yield {PIP_CONF_URL_ARG: shot.url}, "host"

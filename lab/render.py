@@ -143,7 +143,7 @@ def _short(value: object, limit: int = 80) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
@@ -205,13 +205,21 @@ def check_fields(fields: dict[str, object], file: str | None = None) -> None:
 def render_template(template: str, fields: dict[str, object], file: str | None = None) -> str:
     """Check the fields, then render `template` with them."""
     check_fields(fields, file)
-    return _environment().get_template(template).render(**fields)
+    return template_environment().get_template(template).render(**fields)
 
 
 def render_dockerfile(case: Case) -> str:
     """The Dockerfile for `case`: deterministic, the same bytes for the same case."""
     source = str(case.scenario.source) if case.scenario.source else None
     return render_template(template_for(case), dockerfile_fields(case), source)
+
+
+def image_pip_conf(host: HostPip, *, credentials: bool = False) -> str:
+    """The pip.conf of the image (/etc/lab/pip.conf) and the run folder: the host's index URLs
+    without their credentials. With `credentials`, the full one a build fetches and deletes in
+    its pip step (lab.buildsecret); it never goes into a context, an image or a file."""
+    ca = host.ca_bundle is not None and host.ca_bundle.stat().st_size > 0
+    return host.pip_conf(CA_IN_IMAGE if ca else None, WHEELS_IN_IMAGE, credentials=credentials)
 
 
 def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None = None) -> tuple[ContextEntry, ...]:
@@ -221,7 +229,7 @@ def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None 
     files: list[ContextEntry] = [
         ContextFile("Dockerfile", dockerfile.encode()),
         ContextFile("lab/ca.crt", ca),
-        ContextFile("lab/pip.conf", host.pip_conf(CA_IN_IMAGE if ca else None, WHEELS_IN_IMAGE).encode()),
+        ContextFile("lab/pip.conf", image_pip_conf(host).encode()),
         ContextFile("repro/" + case.scenario.script.name, source=case.scenario.script),
         ContextFile("tools/" + RUNNER.name, source=RUNNER),
         ContextFile("wheels/README", WHEELS_README),

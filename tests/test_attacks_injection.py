@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lab.errors import ScenarioError
-from lab.render import _environment, dockerfile_fields, render_dockerfile, render_template, template_for
+from lab.render import dockerfile_fields, render_dockerfile, render_template, template_environment, template_for
 from lab.resolve import resolve
 from lab.scenario import load_scenario
 
@@ -97,11 +97,11 @@ def label_value(text: str, key: str) -> str:
 
 
 def pip_args(text: str) -> list[str]:
-    """The words `pip install` gets, as the shell splits the pip step."""
-    (run,) = [body for k, body in instructions(text) if k == "RUN" and "pip install" in body]
-    words = shlex.split(run.split(None, 1)[1])
-    start = next(i for i in range(len(words) - 1) if words[i:i + 2] == ["pip", "install"]) + 2
-    return words[start:words.index("&&", start)]
+    """The words `pip install` gets, as the shell splits its line of the pip step (which ends in the
+    continuation; the step's next line starts with `&& pip freeze`)."""
+    (line,) = [ln for ln in text.split("\n") if ln.startswith(" && pip install ")]
+    assert line.endswith(" \\"), line
+    return shlex.split(line.removeprefix(" && pip install ").removesuffix(" \\"))
 
 
 def arg_value(text: str) -> str:
@@ -414,11 +414,20 @@ def test_the_templates_own_quoting_holds_without_the_field_checks(field, value):
     """Defence in depth: skip `check_fields`; the filters and `finalize` alone keep the structure."""
     fields = _fields(field, [value] if field in ("requirements", "system_packages") else value)
     try:
-        text = _environment().get_template(template_for(honest_case())).render(**fields)
+        text = template_environment().get_template(template_for(honest_case())).render(**fields)
     except ScenarioError as err:
         assert "line break or another control character" in str(err)
         return
     _check_structure(text, field, fields[field])
+
+
+@pytest.mark.parametrize("value", ["1\nRUN echo INJECTED", "1\r\nRUN x", "1\u2028x", "1\x00"])
+def test_a_field_added_to_a_template_later_cannot_add_an_instruction(value):
+    """`finalize` checks every expression, whatever its filter: a new, unquoted field is refused too."""
+    template = template_environment().from_string("FROM scratch\nLABEL new={{ x }} other={{ x | label }}\n")
+    with pytest.raises(ScenarioError, match="line break or another control character"):
+        template.render(x=value)
+    assert keywords(template.render(x="plain")) == ["FROM", "LABEL"]
 
 
 def test_every_template_field_is_covered():
@@ -442,7 +451,7 @@ def test_the_engine_reads_quoted_values_back_exactly(tmp_path):
     import uuid
 
     import docker
-    template = _environment().from_string(
+    template = template_environment().from_string(
         "FROM scratch\n"
         "ARG BASE={{ base | word }}\n"
         "LABEL org.torch-repro-lab.managed=\"true\" \\\n"
