@@ -161,13 +161,14 @@ def render(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) 
 def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
     """Build the image for a scenario (bootstrapping its base if no registry answers)."""
     def body() -> None:
-        from .build import build_image
+        from .build import build_image, check_release
         from .engine import Engine
         from .hostpip import discover
         from .render import plan_build
         case = _case(scenario, torch, arch)
-        engine = Engine.connect()
         host = discover()
+        check_release(case, host)  # before anything is built
+        engine = Engine.connect()
         with Progress() as progress:
             image = build_image(plan_build(case, host, progress), engine, host, progress)
         err.print(f"{'cached' if image.cached else 'built'} {image.tag} "
@@ -203,6 +204,7 @@ def run(
 ) -> None:
     """Build and run a scenario (or a matrix of versions x arches), analyse what happened and write a report."""
     def body() -> None:
+        from .build import check_release
         from .engine import Engine
         from .hostpip import discover
         from .matrix import expand, select, split_list
@@ -219,24 +221,26 @@ def run(
             raise ScenarioError(f"--repeat must be 1 or more, not {repeat}.", field="--repeat")
         if ablate and (len(cases) > 1 or repeat > 1):
             raise ScenarioError("--ablate runs one case: choose one torch version and one arch.", field="--ablate")
-        for c in cases:
-            run_limits(c, allow_network)  # refuse before anything is built
+        host = discover()
+        for c in cases:  # refuse before anything is built
+            run_limits(c, allow_network)
+            check_release(c, host)
         engine = Engine.connect()
         runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
         if len(cases) == 1 and repeat == 1:
             case = cases[0]
             err.print(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
             if ablate:
-                _ablate(case, engine, discover(), runs_root, as_json)
+                _ablate(case, engine, host, runs_root, as_json)
                 return
             with Progress() as progress:
-                outcome = run_case(case, engine, discover(), runs_root, progress, diagnose=diagnose,
+                outcome = run_case(case, engine, host, runs_root, progress, diagnose=diagnose,
                                    compile_debug=compile_debug, allow_network=allow_network)
             _print_outcome(outcome)
             if as_json:
                 out.print(json.dumps(outcome.result.to_json()), markup=False)
             return
-        _matrix(cases, engine, discover(), runs_root, repeat, as_json,
+        _matrix(cases, engine, host, runs_root, repeat, as_json,
                 dict(diagnose=diagnose, compile_debug=compile_debug, allow_network=allow_network))
     _guard(body)
 
@@ -323,6 +327,8 @@ def bisect_cmd(
         from .bisect_run import run_bisect
         from .engine import Engine
         from .hostpip import discover
+        from .scenario import check_version
+        old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         loaded = _load(scenario)
         runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
         engine = Engine.connect()
@@ -344,7 +350,7 @@ def bisect_cmd(
 
         try:
             with Progress() as progress:
-                run = run_bisect(loaded, scenario, old, new, arch, engine, discover(), runs_root, progress,
+                run = run_bisect(loaded, scenario, old_v, new_v, arch, engine, discover(), runs_root, progress,
                                  pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe, on_start=on_start,
                                  keep_images=keep_images)
         except KeyboardInterrupt:

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import docker
 import docker.errors
@@ -111,21 +112,31 @@ class Engine:
             ctx.seek(0)
             return self._build(ctx, tag, arch, {}, lambda line: None)
 
+    @property
+    def is_local(self) -> bool:
+        """Whether the engine runs on this machine (its socket, or TCP to this host's loopback), so
+        that its builds with the host's network reach a server the lab listens with on 127.0.0.1."""
+        url = urlparse(str(self.client.api.base_url))
+        if url.scheme == "http+docker":
+            return url.hostname in ("localhost", "localunixsocket")
+        return url.hostname in ("127.0.0.1", "localhost", "::1")
+
     def build(self, plan: BuildPlan, base_ref: str, tag: str, buildargs: dict[str, str],
-              on_line: Callable[[str], None]) -> str:
-        """Build the plan's context (streamed from a temp file) and tag it."""
+              on_line: Callable[[str], None], network_mode: str | None = None) -> str:
+        """Build the plan's context (streamed from a temp file) and tag it. `network_mode` is the
+        build steps' network ("host" to reach a server on the host's loopback); None: the default."""
         with tempfile.TemporaryFile() as ctx:
             write_context(plan.files, ctx)
             ctx.seek(0)
-            return self._build(ctx, tag, plan.case.arch, {"BASE": base_ref, **buildargs}, on_line)
+            return self._build(ctx, tag, plan.case.arch, {"BASE": base_ref, **buildargs}, on_line, network_mode)
 
     def _build(self, ctx, tag: str, arch: Arch, buildargs: dict[str, str],
-               on_line: Callable[[str], None]) -> str:
+               on_line: Callable[[str], None], network_mode: str | None = None) -> str:
         log: list[str] = []
         image_id = None
         try:
             stream = self.client.api.build(
-                fileobj=ctx, custom_context=True, tag=tag, platform=arch.platform,
+                fileobj=ctx, custom_context=True, tag=tag, platform=arch.platform, network_mode=network_mode,
                 buildargs=buildargs, labels=LABELS, rm=True, forcerm=True, pull=False, decode=True)
             for chunk in stream:
                 if "stream" in chunk:

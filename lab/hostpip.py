@@ -22,6 +22,8 @@ from packaging.requirements import Requirement
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from .scrub import strip_url_credentials
+
 CA_ENV_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 PROXY_ENV_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 
@@ -50,16 +52,27 @@ class HostPip:
             urls.append(self.index_url)
         return tuple(urls)
 
-    def pip_conf(self, ca_path: str | None, wheel_dir: str) -> str:
-        """The pip.conf for inside the image: remote settings as-is, local sources as `wheel_dir`."""
+    @property
+    def has_credentials(self) -> bool:
+        """Whether a remote index or find-links URL carries `user:password@` or `token@`."""
+        urls = [self.index_url or "", *self.extra_index_urls, *self.find_links]
+        return any(not is_local(u) and strip_url_credentials(u) != u for u in urls if u)
+
+    def pip_conf(self, ca_path: str | None, wheel_dir: str, *, credentials: bool = False) -> str:
+        """The pip.conf for inside the image: remote settings as-is but without the credentials in
+        their URLs (unless `credentials`, for the copy a build fetches and deletes), local sources
+        as `wheel_dir`."""
+        def url(u: str) -> str:
+            return u if credentials else strip_url_credentials(u)
+
         lines = ["[global]"]
         if ca_path:
             lines.append(f"cert = {ca_path}")
         if self.index_url and not is_local(self.index_url):
-            lines.append(f"index-url = {self.index_url}")
+            lines.append(f"index-url = {url(self.index_url)}")
         if self.remote_indexes:
-            lines.append("extra-index-url = " + " ".join(self.remote_indexes))
-        remote_links = [u for u in self.find_links if not is_local(u)]
+            lines.append("extra-index-url = " + " ".join(url(u) for u in self.remote_indexes))
+        remote_links = [url(u) for u in self.find_links if not is_local(u)]
         lines.append("find-links = " + " ".join([wheel_dir, *remote_links]))
         if self.trusted_hosts:
             lines.append("trusted-host = " + " ".join(self.trusted_hosts))

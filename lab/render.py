@@ -9,10 +9,12 @@ when its cache entry is made (lab.crossinstall), and only mixed in here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import tarfile
 from dataclasses import dataclass
@@ -23,9 +25,11 @@ import jinja2
 
 from . import __version__
 from .crossinstall import VENV_IN_IMAGE, Installer, Site, install_with_uv, no_site, prepare_site, walk_tree
+from .errors import ScenarioError
 from .hostpip import HostPip, local_wheels
 from .records import Events, no_events
 from .resolve import Case
+from .scenario import CONTROL_CHARS, is_debian_package
 
 TEMPLATES_DIR = Path(os.environ.get("LAB_TEMPLATES_DIR") or Path(__file__).resolve().parent.parent / "dockerfiles")
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
@@ -96,15 +100,61 @@ class BuildPlan:
         return sum(f.size() for f in self.files)
 
 
-def _environment() -> jinja2.Environment:
+# --- the Dockerfile: no input reaches it raw ---------------------------------------------------
+# Each value is checked here (no line break or control character anywhere; Debian package names
+# only), then quoted by the template for where it lands: `shquote` for shell words, `label` for
+# LABEL values, `word` for ARG values, `json` for CMD's array. A `finalize` hook refuses a line
+# break in whatever an expression gives, so a template field added later cannot add an
+# instruction either. Honest values come out unchanged by every quoting filter.
+
+# Where each template field comes from, for error messages.
+FIELD_SOURCES = {
+    "case_name": "case", "scenario_file": "file name", "scenario_name": "name",
+    "platform": "arch", "base": "base", "torch": "torch", "arch": "arch",
+    "system_packages": "system_packages", "requirements": "pip", "script": "script",
+}
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.:/@+=,-]+")
+
+
+def dockerfile_quote(value: object) -> str:
+    """A double-quoted Dockerfile word (LABEL and ARG values): `\\`, `"` and `$` escaped, so
+    the engine reads back exactly `value` and substitutes no variable."""
+    text = str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def dockerfile_word(value: object) -> str:
+    """`value` as one Dockerfile word: as it is when it is plain (an image reference), quoted otherwise."""
+    text = str(value)
+    return text if _PLAIN_WORD.fullmatch(text) else dockerfile_quote(text)
+
+
+def _refuse_line_breaks(value: object) -> object:
+    """Jinja's `finalize`: the last check on every `{{ ... }}` before it is written."""
+    if value is not None and CONTROL_CHARS.search(str(value)):
+        raise ScenarioError(f"a value for the Dockerfile holds a line break or another control character "
+                            f"({_short(value)}); the lab refuses to render it.")
+    return value
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(str(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@functools.lru_cache(maxsize=1)
+def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=_refuse_line_breaks,
     )
-    env.filters["shquote"] = shlex.quote
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
     env.filters["json"] = json.dumps
+    env.filters["label"] = dockerfile_quote
+    env.filters["word"] = dockerfile_word
     return env
 
 
@@ -112,35 +162,74 @@ def template_for(case: Case) -> str:
     return "cuda.Dockerfile.j2" if case.scenario.gpu else "debian.Dockerfile.j2"
 
 
-def render_dockerfile(case: Case) -> str:
-    """The Dockerfile for `case`: deterministic, the same bytes for the same case."""
+def dockerfile_fields(case: Case) -> dict[str, object]:
+    """What the template is filled with, taken from the case."""
     scenario = case.scenario
-    packages = sorted(set(BASE_PACKAGES) | set(scenario.system_packages))
-    return _environment().get_template(template_for(case)).render(
+    return dict(
         case_name=case.name,
         lab_version=__version__,
-        scenario_file=scenario.source.name,
+        scenario_file=scenario.source.name if scenario.source else "(no file)",
         scenario_name=scenario.name,
         platform=case.arch.platform,
         base=scenario.base,
         torch=case.torch,
         arch=case.arch.value,
-        system_packages=packages,
+        system_packages=sorted(set(BASE_PACKAGES) | set(scenario.system_packages)),
         requirements=case.requirements,
         script=scenario.script.name,
         venv=VENV_IN_IMAGE,
     )
 
 
+def check_fields(fields: dict[str, object], file: str | None = None) -> None:
+    """Refuse a field that no quoting makes safe: a line break or control character in any text,
+    or a system package that is not a Debian package name. The error names the field."""
+    for name, value in fields.items():
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        for item in items:
+            text = str(item)
+            if CONTROL_CHARS.search(text) and name == "scenario_file":  # then `file` holds it too
+                raise ScenarioError(
+                    f"the scenario file's name {_short(text)} holds a line break or another control "
+                    "character, which would change the Dockerfile's instructions.", hint="Rename the file.")
+            if CONTROL_CHARS.search(text):
+                raise ScenarioError(
+                    f"{_short(text)} holds a line break or another control character, which would "
+                    "change the Dockerfile's instructions.", file=file, field=FIELD_SOURCES.get(name, name),
+                    hint="Rename the file." if name == "script" else "Remove it.")
+            if name == "system_packages" and not is_debian_package(text):
+                raise ScenarioError(f"{_short(text)} is not a Debian package name.", file=file,
+                                    field="system_packages")
+
+
+def render_template(template: str, fields: dict[str, object], file: str | None = None) -> str:
+    """Check the fields, then render `template` with them."""
+    check_fields(fields, file)
+    return template_environment().get_template(template).render(**fields)
+
+
+def render_dockerfile(case: Case) -> str:
+    """The Dockerfile for `case`: deterministic, the same bytes for the same case."""
+    source = str(case.scenario.source) if case.scenario.source else None
+    return render_template(template_for(case), dockerfile_fields(case), source)
+
+
+def image_pip_conf(host: HostPip, *, credentials: bool = False) -> str:
+    """The pip.conf of the image (/etc/lab/pip.conf) and the run folder: the host's index URLs
+    without their credentials. With `credentials`, the full one a build fetches and deletes in
+    its pip step (lab.buildsecret); it never goes into a context, an image or a file."""
+    ca = host.ca_bundle is not None and host.ca_bundle.stat().st_size > 0
+    return host.pip_conf(CA_IN_IMAGE if ca else None, WHEELS_IN_IMAGE, credentials=credentials)
+
+
 def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None = None) -> tuple[ContextEntry, ...]:
     """The build context. Local wheels travel only for what pip in the image must install."""
     site = site or no_site(case, "cross-install not requested")
     ca = host.ca_bundle.read_bytes() if host.ca_bundle else b""
-    pip_conf = host.pip_conf(CA_IN_IMAGE if ca else None, WHEELS_IN_IMAGE)
     files: list[ContextEntry] = [
         ContextFile("Dockerfile", dockerfile.encode()),
         ContextFile("lab/ca.crt", ca),
-        ContextFile("lab/pip.conf", pip_conf.encode()),
+        ContextFile("lab/pip.conf", image_pip_conf(host).encode()),
         ContextFile("repro/" + case.scenario.script.name, source=case.scenario.script),
         ContextFile("tools/" + RUNNER.name, source=RUNNER),
         ContextFile("wheels/README", WHEELS_README),

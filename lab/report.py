@@ -85,8 +85,10 @@ def write_inputs(run_dir: Path, plan: BuildPlan) -> None:
     """What the run starts from, written before anything can fail: the build context and the
     resolved scenario. Large local wheels are listed, not copied; site/ (the venv tree the lab
     cross-installed on the host, up to gigabytes) stays empty but for a README, so `docker build .`
-    here installs the requirements with pip inside the image."""
+    here installs the requirements with pip inside the image. No credential of the host is written:
+    lab/pip.conf is the image's, without them, and the README's notes are redacted."""
     from .render import SITE_DIR, ContextTree, site_readme
+    from .scrub import redact_secrets
     for f in plan.files:
         if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):
             continue
@@ -97,7 +99,7 @@ def write_inputs(run_dir: Path, plan: BuildPlan) -> None:
         elif not f.arcname.startswith("wheels/"):
             target.write_bytes(f.source.read_bytes())  # type: ignore[union-attr]
     (run_dir / SITE_DIR).mkdir(exist_ok=True)
-    (run_dir / SITE_DIR / "README.md").write_text(site_readme(plan))
+    (run_dir / SITE_DIR / "README.md").write_text(redact_secrets(site_readme(plan)))
     if plan.host_wheels:
         (run_dir / "wheels" / "FROM-HOST.txt").write_text(
             "Copy these host wheels here before `docker build .`:\n" + "".join(f"{w}\n" for w in plan.host_wheels))

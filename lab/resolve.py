@@ -10,7 +10,7 @@ from functools import cached_property
 from packaging.tags import Tag, compatible_tags, cpython_tags
 
 from .errors import ScenarioError
-from .scenario import Arch, Scenario
+from .scenario import Arch, Scenario, check_version
 
 BACKENDS = ("eager", "aot_eager", "inductor")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -118,8 +118,11 @@ class Case:
 def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = None,
             backend: str | None = None, sets: dict[str, str] | None = None,
             mode: str | None = None) -> Case:
-    """Choose the case to run. A scenario that pins several versions or arches needs a choice."""
-    version = _pick(scenario, "torch", scenario.torch, torch)
+    """Choose the case to run. A scenario that pins several versions or arches needs a choice.
+
+    Every value given here is checked as strictly as the scenario file's: `torch` must be a PEP 440
+    version (it reaches the Dockerfile), `arch`, `backend` and `mode` one of their known values."""
+    version = _pick(scenario, "torch", scenario.torch, None if torch is None else check_version(torch))
     chosen_arch = _pick(scenario, "arch", tuple(a.value for a in scenario.arch), parse_arch(arch))
     _check_backend(scenario, backend, mode)
     if sets:

@@ -41,6 +41,7 @@ from lab.errors import ScenarioError
 from lab.loader import RUNTIME_FAMILIES
 
 __all__ = [
+    "CONTROL_CHARS",
     "KNOWN_RUNTIME_FAMILIES",
     "MAX_DEPTH",
     "MAX_FILE_BYTES",
@@ -50,7 +51,9 @@ __all__ = [
     "Expect",
     "Limits",
     "Scenario",
+    "check_version",
     "default_scenarios_dir",
+    "is_debian_package",
     "list_scenarios",
     "load_scenario",
     "parse_size",
@@ -73,6 +76,9 @@ _IMAGE_RE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"  # tag
     r"(?:@sha256:[0-9a-f]{64})?"  # digest
 )
+# Control characters and Unicode line/paragraph separators: a line break in a value that reaches a
+# Dockerfile would start a new instruction, so no file name or version the lab renders may hold one.
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ARCH_ALIASES = {"x86_64": "amd64", "x86-64": "amd64", "x64": "amd64", "aarch64": "arm64", "arm64v8": "arm64"}
 _MAX_PIP_LEN = 300
 
@@ -247,7 +253,7 @@ def _version_item(value: Any) -> Any:
 def _check_version(value: str) -> str:
     text = value.strip()
     try:
-        if len(text) > 64:
+        if len(text) > 64 or not text.isascii():
             raise InvalidVersion(text)
         Version(text)
     except InvalidVersion:
@@ -256,6 +262,18 @@ def _check_version(value: str) -> str:
             hint='Use a release such as "2.5.1" or "2.13.0+cpu".',
         ) from None
     return text
+
+
+def check_version(value: str, field: str = "--torch") -> str:
+    """A torch version given outside a scenario file (`--torch`, `--from`, a bundle's `resolved`
+    block), checked as the loader checks the `torch` key: a PEP 440 version of at most 64 ASCII
+    characters, returned stripped. Anything else is a ScenarioError naming `field`."""
+    if not isinstance(value, str):
+        raise _err(f"{_FIELD_HELP['torch']}, got {_show(value)}", field=field)
+    try:
+        return _check_version(value)
+    except _Invalid as exc:
+        raise _err(exc.message, field=field, hint=exc.hint) from None
 
 
 def _unique_versions(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -284,8 +302,13 @@ def _unique_arches(values: tuple[Arch, ...]) -> tuple[Arch, ...]:
     return values
 
 
+def is_debian_package(name: str) -> bool:
+    """A Debian package name as `system_packages` accepts it (no version, no shell syntax)."""
+    return len(name) <= 128 and _DEB_RE.fullmatch(name) is not None
+
+
 def _check_deb(value: str) -> str:
-    if len(value) > 128 or not _DEB_RE.fullmatch(value):
+    if not is_debian_package(value):
         raise _Invalid(
             f"{_show(value)} is not a Debian package name; names use only lowercase letters, digits, "
             "'+', '.' and '-' (no spaces, versions or shell syntax)"
@@ -528,6 +551,11 @@ class Scenario(BaseModel):
         if base is not None and not path.is_absolute():
             path = Path(base) / path
         path = Path(os.path.normpath(os.path.abspath(path)))
+        if CONTROL_CHARS.search(path.name):
+            raise _Invalid(
+                f"the script's file name {_show(path.name)} holds a line break or another control character",
+                hint="Rename the file: its name goes into the image's CMD and the report.",
+            )
         if not _is_file(path):
             raise _Invalid(
                 f"the script {_show(str(value))} was not found (looked for {_show(str(path), 120)[1:-1]})",

@@ -37,6 +37,7 @@ __all__ = [
     "MASK",
     "home_to_tilde",
     "is_secret_name",
+    "redact_secrets",
     "scrub_env",
     "scrub_text",
     "secret_values",
@@ -160,14 +161,24 @@ def _mask_values(text: str, values: list[str]) -> str:
     return text
 
 
+def redact_secrets(text: str, env: Mapping[str, str] | None = None) -> str:
+    """The rules of `scrub_text` but the home folder's: secret values of `env` (default os.environ),
+    secret-named assignments, Authorization headers and URL credentials. For the lab's own records
+    in a run folder (build.log), which keep their paths."""
+    return _scrub(text, secret_values(os.environ if env is None else env), [])
+
+
 def scrub_text(text: str, env: Mapping[str, str] | None = None, *, home: str | Path | None = None) -> str:
     """Apply every rule of this module to a text file's contents (see the module docstring).
 
     `env` defaults to os.environ; `home` to Path.home() and env's HOME.
     """
     env = os.environ if env is None else env
-    values = secret_values(env)
     homes = _homes([home] if home is not None else _default_homes(env))
+    return _scrub(text, secret_values(env), homes)
+
+
+def _scrub(text: str, values: list[str], homes: list[str]) -> str:
     text = _mask_values(text, values)
     text = _ASSIGN.sub(_mask_assignment, text)
     text = _QUOTED_PAIR.sub(_mask_quoted_pair, text)
