@@ -20,7 +20,7 @@ from typing import Annotated, NoReturn
 
 import typer
 import yaml
-from rich.console import Console
+from rich.console import Console, Group
 from rich.highlighter import NullHighlighter
 from rich.logging import RichHandler
 from rich.markup import escape
@@ -57,6 +57,16 @@ class _Output:
 _OUTPUT = _Output()
 
 
+class _Handler(RichHandler):
+    """rich's handler; without --debug a message is printed as it is, like the rest of stderr (the
+    stock layout is a grid that pads every line to the terminal's width)."""
+
+    def render(self, *, record, traceback, message_renderable):
+        if not _OUTPUT.debug:
+            return message_renderable if traceback is None else Group(message_renderable, traceback)
+        return super().render(record=record, traceback=traceback, message_renderable=message_renderable)
+
+
 def _set_output(verbose: int = 0, quiet: bool = False, debug: bool = False) -> None:
     """Flags given before and after the command name add up; the last call configures logging."""
     _OUTPUT.verbose = max(_OUTPUT.verbose, verbose)
@@ -64,9 +74,9 @@ def _set_output(verbose: int = 0, quiet: bool = False, debug: bool = False) -> N
     _OUTPUT.debug = _OUTPUT.debug or debug
     level = (logging.DEBUG if _OUTPUT.debug or _OUTPUT.verbose else
              logging.WARNING if _OUTPUT.quiet else logging.INFO)
-    handler = RichHandler(console=err, show_time=_OUTPUT.debug, show_level=_OUTPUT.debug,
-                          show_path=_OUTPUT.debug, highlighter=NullHighlighter(), markup=False,
-                          rich_tracebacks=True, keywords=[])
+    handler = _Handler(console=err, show_time=_OUTPUT.debug, show_level=_OUTPUT.debug,
+                       show_path=_OUTPUT.debug, highlighter=NullHighlighter(), markup=False,
+                       rich_tracebacks=True, keywords=[])
     lab_log = logging.getLogger("lab")
     lab_log.handlers[:] = [handler]
     lab_log.setLevel(level)
