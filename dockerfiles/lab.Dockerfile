@@ -12,12 +12,12 @@ RUN apt-get update \
 COPY dockerfiles/lab-ca/ /etc/lab/
 RUN python3 -m venv /opt/lab
 ENV PATH=/opt/lab/bin:$PATH
+# The package carries dockerfiles/ and scenarios/ as package data (lab.dockerfiles, lab.scenarios).
 COPY pyproject.toml README.md /src/
 COPY lab/ /src/lab/
-RUN if [ -s /etc/lab/ca.crt ]; then export PIP_CERT=/etc/lab/ca.crt; fi \
- && pip install --no-cache-dir /src
 COPY dockerfiles/ /src/dockerfiles/
 COPY scenarios/ /src/scenarios/
-ENV LAB_TEMPLATES_DIR=/src/dockerfiles LAB_SCENARIOS_DIR=/src/scenarios
+RUN if [ -s /etc/lab/ca.crt ]; then export PIP_CERT=/etc/lab/ca.crt; fi \
+ && pip install --no-cache-dir /src
 ENTRYPOINT ["/bin/sh", "-c", "if [ -s /etc/lab/ca.crt ]; then export PIP_CERT=/etc/lab/ca.crt; fi; exec lab \"$@\"", "lab"]
 CMD ["--help"]

@@ -6,7 +6,6 @@ Bootstrapped bases are tagged `torch-repro-lab/debian:<suite>-<arch>` and reused
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -15,11 +14,11 @@ import tempfile
 from pathlib import Path
 
 from .cache import cache_dir
+from .config import current as current_settings
 from .errors import BaseImageError
 from .records import BaseImage, Events
 from .scenario import Arch
 
-DEBIAN_MIRROR = os.environ.get("LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BOOTSTRAP_REPO = "torch-repro-lab/debian"
 _DEBIAN = re.compile(r"^(?:docker\.io/)?(?:library/)?debian:(?P<suite>[a-z]+|\d+)(?P<slim>-slim)?$")
 _SUITES = {"11": "bullseye", "12": "bookworm", "13": "trixie"}
@@ -41,7 +40,7 @@ def bootstrap_tag(suite: str, arch: Arch) -> str:
 def bootstrap_command(suite: str, arch: Arch, target: Path) -> list[str]:
     """minbase is what the official debian images are made of."""
     return ["mmdebstrap", "--variant=minbase", f"--architectures={arch.value}", "--mode=root",
-            "--aptopt=Acquire::Retries=3", suite, str(target), DEBIAN_MIRROR]
+            "--aptopt=Acquire::Retries=3", suite, str(target), current_settings().debian_mirror]
 
 
 def ensure_base(engine, base: str, arch: Arch, events: Events) -> BaseImage:
@@ -78,7 +77,8 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events) -> Bas
             f"no registry answered for {base}, and mmdebstrap is not installed to bootstrap it.",
             hint="Run `bin/setup-host` (or `apt-get install mmdebstrap arch-test qemu-user-static`).")
     tag = bootstrap_tag(suite, arch)
-    events("base", f"no registry: bootstrapping Debian {suite} for {arch.value} from {DEBIAN_MIRROR} "
+    mirror = current_settings().debian_mirror
+    events("base", f"no registry: bootstrapping Debian {suite} for {arch.value} from {mirror} "
                    "with mmdebstrap (1-5 minutes)")
     work = Path(tempfile.mkdtemp(prefix="bootstrap-", dir=cache_dir("bases")))
     try:

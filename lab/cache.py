@@ -1,4 +1,5 @@
-"""Host-side cache folders (platformdirs, or LAB_CACHE_DIR), created on demand.
+"""Host-side cache folders (the `cache_dir` setting: LAB_CACHE_DIR, lab.toml, or platformdirs'
+user cache folder), created on demand.
 
     bases/   rootfs tarballs while a Debian base is bootstrapped (lab.base)
     index/   the release lists of torch read from the package index (lab.releases)
@@ -10,14 +11,13 @@ Everything here can be deleted at any time; it is made again when needed.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import platformdirs
+from .config import current
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("LAB_CACHE_DIR") or platformdirs.user_cache_dir("torch-repro-lab"))
+    return current().cache_dir
 
 
 def cache_dir(*parts: str) -> Path:

@@ -1,53 +1,169 @@
-"""The `lab` command: parse arguments, show progress, print results. No logic lives here."""
+"""The `lab` command: parse arguments, show progress, print results. No logic lives here.
+
+Every command takes -v/-q/--debug (also before the command name): messages go through `logging`
+with rich's handler on stderr, so stdout holds only results and, with --json, ends with one JSON
+object. Exit codes are in lab.exitcodes.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-import os
+import logging
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 import yaml
-from rich.console import Console
+from rich.console import Console, Group
+from rich.highlighter import NullHighlighter
+from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
-from .errors import EngineError, LabError, ScenarioError
+from . import __version__
+from . import exitcodes as codes
+from .errors import ConfigError, EngineError, LabError, ScenarioError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="A containerized reproduction lab for PyTorch bugs.")
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
+log = logging.getLogger("lab")
 
-ScenarioArg = Annotated[str, typer.Argument(help="A name from scenarios/, or a path to a YAML file.",
-                                            show_default=False)]
+ScenarioArg = Annotated[str, typer.Argument(help="A name from the project's scenarios/ or the shipped ones, "
+                                            "or a path to a YAML file.", show_default=False)]
 TorchOpt = Annotated[str | None, typer.Option("--torch", help="torch version (default: the scenario's).")]
-ArchOpt = Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (default: the scenario's).")]
+ArchOpt = Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (default: the scenario's, or the "
+                                             "default_arch setting where it lists several).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Runs folder (default: the runs_dir setting, ./runs).")]
 
 
-def _fail(error: LabError, code: int) -> NoReturn:
+# ----------------------------------------------------------------------------- output and logging
+
+@dataclass
+class _Output:
+    verbose: int = 0
+    quiet: bool = False
+    debug: bool = False
+
+
+_OUTPUT = _Output()
+
+
+class _Handler(RichHandler):
+    """rich's handler; without --debug a message is printed as it is, like the rest of stderr (the
+    stock layout is a grid that pads every line to the terminal's width)."""
+
+    def render(self, *, record, traceback, message_renderable):
+        if not _OUTPUT.debug:
+            return message_renderable if traceback is None else Group(message_renderable, traceback)
+        return super().render(record=record, traceback=traceback, message_renderable=message_renderable)
+
+
+def _set_output(verbose: int = 0, quiet: bool = False, debug: bool = False) -> None:
+    """Flags given before and after the command name add up; the last call configures logging."""
+    _OUTPUT.verbose = max(_OUTPUT.verbose, verbose)
+    _OUTPUT.quiet = _OUTPUT.quiet or quiet
+    _OUTPUT.debug = _OUTPUT.debug or debug
+    level = (logging.DEBUG if _OUTPUT.debug or _OUTPUT.verbose else
+             logging.WARNING if _OUTPUT.quiet else logging.INFO)
+    handler = _Handler(console=err, show_time=_OUTPUT.debug, show_level=_OUTPUT.debug,
+                       show_path=_OUTPUT.debug, highlighter=NullHighlighter(), markup=False,
+                       rich_tracebacks=True, keywords=[])
+    lab_log = logging.getLogger("lab")
+    lab_log.handlers[:] = [handler]
+    lab_log.setLevel(level)
+    lab_log.propagate = False
+    root = logging.getLogger()
+    if _OUTPUT.debug or _OUTPUT.verbose > 1:  # -vv / --debug: the libraries' debug messages too
+        root.handlers[:] = [handler]
+        root.setLevel(logging.DEBUG)
+
+
+def _say(message: str, level: int = logging.INFO) -> None:
+    """A line of progress in rich markup (the caller escapes what it did not write)."""
+    log.log(level, message, extra={"markup": True})
+
+
+VerboseOpt = Annotated[int, typer.Option("-v", "--verbose", count=True, show_default=False,
+                                         help="More detail on stderr: every progress message (-vv: the "
+                                              "libraries' debug messages too).")]
+QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="No progress on stderr: results, warnings and "
+                                        "errors only.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Debug messages, and the traceback of an unexpected "
+                                        "error.")]
+_COMMON = [inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=0, annotation=VerboseOpt),
+           inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=QuietOpt),
+           inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=DebugOpt)]
+
+
+def command(*args, **kwargs) -> Callable[[Callable], Callable]:
+    """`app.command`, with -v/-q/--debug added to the command's own options."""
+    def register(fn: Callable) -> Callable:
+        signature = inspect.signature(fn, eval_str=True)
+
+        @functools.wraps(fn)
+        def wrapper(*a, verbose: int = 0, quiet: bool = False, debug: bool = False, **kw):
+            _set_output(verbose, quiet, debug)
+            return fn(*a, **kw)
+
+        wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*signature.parameters.values(), *_COMMON])
+        return app.command(*args, **kwargs)(wrapper)
+    return register
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        out.print(f"torch-repro-lab {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    verbose: VerboseOpt = 0, quiet: QuietOpt = False, debug: DebugOpt = False,
+) -> None:
+    """A containerized reproduction lab for PyTorch bugs."""
+    _set_output(verbose, quiet, debug)
+
+
+# ----------------------------------------------------------------------------- errors and exit codes
+
+def _fail(error: LabError | str, code: int) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(str(error))}")
     raise typer.Exit(code)
 
 
-def _guard(fn: Callable[[], None]) -> None:
-    """Turn the lab's own errors into one paragraph and an exit code; Ctrl-C into 130."""
+def _guard(fn: Callable[[], None], check: bool = False) -> None:
+    """Turn the lab's own errors into one paragraph and an exit code; Ctrl-C into 130. With `check`
+    (lab run --check), the codes follow `git bisect run` (lab.exitcodes)."""
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         fn()
-    except ScenarioError as e:
-        _fail(e, 2)
+    except (ScenarioError, ConfigError) as e:
+        _fail(e, codes.failure_exit(codes.BAD_INPUT, check))
     except LabError as e:
-        _fail(e, 2 if _bad_input(e) else 3)
+        _fail(e, codes.failure_exit(codes.BAD_INPUT if _bad_input(e) else codes.INFRASTRUCTURE, check))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: containers removed; the run folder is marked `interrupted`.")
-        raise typer.Exit(130) from None
+        raise typer.Exit(codes.INTERRUPTED) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as e:  # a bug in the lab: one paragraph, the traceback only with --debug
+        if _OUTPUT.debug:
+            err.print_exception()
+        where = "the traceback is above" if _OUTPUT.debug else "rerun with --debug for the traceback"
+        _fail(f"unexpected {type(e).__name__}: {e}. This is a bug in the lab: {where}, and please report it.",
+              codes.failure_exit(codes.INTERNAL, check))
 
 
 def _bad_input(error: LabError) -> bool:
@@ -59,20 +175,40 @@ def _bad_input(error: LabError) -> bool:
     return isinstance(error, (BundleError, ReleaseError, BisectError, ResultError))
 
 
-def _scenarios_dir() -> Path:
-    from .scenario import default_scenarios_dir
-    return default_scenarios_dir()
+# ----------------------------------------------------------------------------- settings and scenarios
+
+def _settings():
+    from .config import current
+    return current()
+
+
+def _runs_root(out_dir: Path | None) -> Path:
+    return _settings().with_flag("runs_dir", out_dir, "--out").runs_dir
+
+
+def _scenario_dirs() -> list[Path]:
+    return [d.path for d in _settings().scenario_dirs()]
 
 
 def _load(ref: str):
     from .scenario import load_scenario
-    return load_scenario(ref, _scenarios_dir())
+    return load_scenario(ref, _scenario_dirs())
+
+
+def _arch_for(scenario, arch: str | None) -> str | None:
+    """--arch, else the default_arch setting where the scenario lists several arches and that one."""
+    if arch is not None or len(scenario.arch) < 2:
+        return arch
+    default = _settings().default_arch
+    return default.value if default is not None and default in scenario.arch else None
 
 
 def _case(ref: str, torch: str | None, arch: str | None, backend: str | None = None,
           sets: list[str] | None = None, mode: str | None = None):
     from .resolve import resolve
-    return resolve(_load(ref), torch=torch, arch=arch, backend=backend, sets=_parse_sets(sets or []), mode=mode)
+    scenario = _load(ref)
+    return resolve(scenario, torch=torch, arch=_arch_for(scenario, arch), backend=backend,
+                   sets=_parse_sets(sets or []), mode=mode)
 
 
 def _parse_sets(items: list[str]) -> dict[str, str]:
@@ -86,58 +222,72 @@ def _parse_sets(items: list[str]) -> dict[str, str]:
 
 
 class Progress:
-    """Progress of long work on stderr: build steps stay on screen, the rest updates one status line."""
+    """Progress of long work on stderr: build steps stay on screen, the rest updates one status line
+    (no status line with -q; with -v every message stays on screen)."""
+
+    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site")
 
     def __init__(self) -> None:
-        self._status = err.status("starting", spinner="dots")
+        self._status = None if _OUTPUT.quiet else err.status("starting", spinner="dots")
 
     def __enter__(self) -> Progress:
-        self._status.__enter__()
+        if self._status is not None:
+            self._status.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._status.__exit__(*exc)
+        if self._status is not None:
+            self._status.__exit__(*exc)
 
     def __call__(self, stage: str, message: str) -> None:
         message = message.strip()
         if not message:
             return
         if stage == "build" and message.startswith("Step "):
-            err.print(f"[dim]build[/] {escape(message[:160])}")
-        elif stage in ("base", "run", "diagnose", "ablate", "bisect", "replay", "site") and not message[0].isdigit():
-            err.print(f"[dim]{stage}[/] {escape(message[:160])}")
-        self._status.update(f"[bold]{stage}[/] {escape(message[:120])}")
+            _say(f"[dim]build[/] {escape(message[:160])}")
+        elif stage in self.SHOWN and not message[0].isdigit():
+            _say(f"[dim]{stage}[/] {escape(message[:160])}")
+        else:
+            _say(f"[dim]{stage}[/] {escape(message)}", logging.DEBUG)
+        if self._status is not None:
+            self._status.update(f"[bold]{stage}[/] {escape(message[:120])}")
 
 
-@app.command("list")
+@command("list")
 def list_cmd(as_json: JsonOpt = False) -> None:
-    """List the scenarios."""
+    """List the scenarios: the project's (scenarios/ found upward, or scenarios_dir), then the shipped ones."""
     def body() -> None:
         from .scenario import list_scenarios
-        items = list_scenarios(_scenarios_dir())
-        rows = []
-        for item in items:
-            if isinstance(item, ScenarioError):
-                rows.append({"name": Path(item.file or "?").stem, "error": str(item)})
-            else:
-                rows.append({"name": item.name, "title": item.title, "torch": list(item.torch),
-                             "arch": [a.value for a in item.arch], "gpu": item.gpu, "base": item.base,
-                             "file": str(item.source)})
+        rows, seen = [], set()
+        for folder in _settings().scenario_dirs():
+            for item in list_scenarios(folder.path):
+                if isinstance(item, ScenarioError):
+                    row = {"name": Path(item.file or "?").stem, "error": str(item)}
+                else:
+                    row = {"name": item.source.stem, "title": item.title, "torch": list(item.torch),
+                           "arch": [a.value for a in item.arch], "gpu": item.gpu, "base": item.base,
+                           "file": str(item.source)}
+                row.update(origin=folder.origin, shadowed=row["name"] in seen)
+                seen.add(row["name"])
+                rows.append(row)
         if as_json:
             out.print(json.dumps({"scenarios": rows}), markup=False)
             return
-        table = Table("name", "torch", "arch", "gpu", "title")
+        table = Table("name", "torch", "arch", "gpu", "from", "title")
         for r in rows:
+            origin = r["origin"] + (" (shadowed)" if r["shadowed"] else "")
             if "error" in r:
-                table.add_row(r["name"], "", "", "", f"[red]{escape(r['error'])}[/]")
+                table.add_row(r["name"], "", "", "", origin, f"[red]{escape(r['error'])}[/]")
             else:
                 table.add_row(r["name"], ", ".join(r["torch"]), ", ".join(r["arch"]),
-                              "yes" if r["gpu"] else "", escape(r["title"] or ""))
+                              "yes" if r["gpu"] else "", origin, escape(r["title"] or ""))
         out.print(table)
+        for folder in _settings().scenario_dirs():
+            err.print(f"{folder.origin}: {escape(str(folder.path))}")
     _guard(body)
 
 
-@app.command()
+@command()
 def show(scenario: ScenarioArg) -> None:
     """Show a scenario as the lab understands it."""
     def body() -> None:
@@ -148,7 +298,7 @@ def show(scenario: ScenarioArg) -> None:
     _guard(body)
 
 
-@app.command()
+@command()
 def render(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
     """Print the Dockerfile for a scenario (the build's dry run; the same bytes every time)."""
     def body() -> None:
@@ -157,7 +307,7 @@ def render(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) 
     _guard(body)
 
 
-@app.command()
+@command()
 def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
     """Build the image for a scenario (bootstrapping its base if no registry answers)."""
     def body() -> None:
@@ -177,7 +327,7 @@ def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -
     _guard(body)
 
 
-@app.command()
+@command()
 def run(
     scenario: ScenarioArg,
     torch: Annotated[str | None, typer.Option("--torch", help="torch version, or a comma-separated list for "
@@ -185,7 +335,7 @@ def run(
     arch: Annotated[str | None, typer.Option("--arch", help="amd64, arm64, or both: amd64,arm64 "
                                              "(default: the scenario's).")] = None,
     backend: Annotated[str | None, typer.Option(help="eager, aot_eager or inductor (sets LAB_BACKEND).")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
+    out_dir: OutOpt = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Scenario variable NAME=VALUE.")] = None,
     mode: Annotated[str | None, typer.Option(help="inductor mode, e.g. max-autotune (sets LAB_MODE).")] = None,
     ablate: Annotated[bool, typer.Option("--ablate", help="Run eager, aot_eager, inductor (and max-autotune "
@@ -200,9 +350,13 @@ def run(
                                         "rate (for flaky bugs).")] = 1,
     allow_network: Annotated[bool, typer.Option("--allow-network", help="Let the script use the network, "
                                                 "for scenarios that ask for it (network: true).")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Exit with the verdict, as `git bisect run` reads it: "
+                                        "0 not reproduced, 1 reproduced, 125 no verdict (infrastructure).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build and run a scenario (or a matrix of versions x arches), analyse what happened and write a report."""
+    verdict: list[str] = []
+
     def body() -> None:
         from .build import check_release
         from .engine import Engine
@@ -225,11 +379,16 @@ def run(
         for c in cases:  # refuse before anything is built
             run_limits(c, allow_network)
             check_release(c, host)
+        if check and (len(cases) > 1 or repeat > 1 or ablate):
+            raise ScenarioError("--check judges one run: choose one torch version and one arch, without "
+                                "--repeat or --ablate.", field="--check")
+        for c in cases:
+            run_limits(c, allow_network)  # refuse before anything is built
+        runs_root = _runs_root(out_dir)
         engine = Engine.connect()
-        runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
         if len(cases) == 1 and repeat == 1:
             case = cases[0]
-            err.print(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
+            _say(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
             if ablate:
                 _ablate(case, engine, host, runs_root, as_json)
                 return
@@ -239,10 +398,14 @@ def run(
             _print_outcome(outcome)
             if as_json:
                 out.print(json.dumps(outcome.result.to_json()), markup=False)
+                out.print(json.dumps(outcome.result), markup=False)
+            verdict.append(outcome.result["verdict"])
             return
         _matrix(cases, engine, host, runs_root, repeat, as_json,
                 dict(diagnose=diagnose, compile_debug=compile_debug, allow_network=allow_network))
-    _guard(body)
+    _guard(body, check)
+    if check and verdict and (code := codes.verdict_exit(verdict[0], check)):
+        raise typer.Exit(code)
 
 
 def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
@@ -309,13 +472,13 @@ def _print_outcome(outcome) -> None:
     err.print(f"report:  {report}")
 
 
-@app.command("bisect")
+@command("bisect")
 def bisect_cmd(
     scenario: ScenarioArg,
     old: Annotated[str, typer.Option("--from", help="The older torch release (one end).", show_default=False)],
     new: Annotated[str, typer.Option("--to", help="The newer torch release (the other end).", show_default=False)],
     arch: ArchOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
+    out_dir: OutOpt = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Scenario variable NAME=VALUE.")] = None,
     pre: Annotated[bool, typer.Option("--pre", help="Include pre-releases among the candidates.")] = False,
     keep_images: Annotated[bool, typer.Option("--keep-images", help="Keep the images the probes build "
@@ -330,7 +493,7 @@ def bisect_cmd(
         from .scenario import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         loaded = _load(scenario)
-        runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
+        runs_root = _runs_root(out_dir)
         engine = Engine.connect()
         resume: list[str] = []
 
@@ -350,8 +513,9 @@ def bisect_cmd(
 
         try:
             with Progress() as progress:
-                run = run_bisect(loaded, scenario, old_v, new_v, arch, engine, discover(), runs_root, progress,
-                                 pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe, on_start=on_start,
+                run = run_bisect(loaded, scenario, old_v, new_v, _arch_for(loaded, arch), engine, discover(),
+                                 runs_root, progress, pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe,
+                                 on_start=on_start,
                                  keep_images=keep_images)
         except KeyboardInterrupt:
             if resume:
@@ -366,7 +530,7 @@ def bisect_cmd(
     _guard(body)
 
 
-@app.command("bundle")
+@command("bundle")
 def bundle_cmd(
     path: Annotated[Path, typer.Argument(help="A run folder (or, with --inspect, a bundle).", show_default=False)],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="The .tar.gz to write "
@@ -411,10 +575,10 @@ def bundle_cmd(
     _guard(body)
 
 
-@app.command("replay")
+@command("replay")
 def replay_cmd(
     bundle: Annotated[Path, typer.Argument(help="A bundle made by `lab bundle`.", show_default=False)],
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Runs folder (default: ./runs).")] = None,
+    out_dir: OutOpt = None,
     allow_network: Annotated[bool, typer.Option("--allow-network", help="Let the script use the network, "
                                                 "if the bundled scenario asks for it.")] = False,
     as_json: JsonOpt = False,
@@ -424,7 +588,7 @@ def replay_cmd(
         from .engine import Engine
         from .hostpip import discover
         from .replay import replay
-        runs_root = out_dir or Path(os.environ.get("LAB_RUNS_DIR", "runs"))
+        runs_root = _runs_root(out_dir)
         engine = Engine.connect()
         with Progress() as progress:
             outcome = replay(bundle, engine, discover(), runs_root, progress, allow_network=allow_network)
@@ -447,10 +611,11 @@ def replay_cmd(
     _guard(body)
 
 
-@app.command("build-base")
+@command("build-base")
 def build_base(
     image: Annotated[str, typer.Argument(help="Base image, e.g. debian:bookworm.")] = "debian:bookworm",
-    arch: Annotated[str, typer.Option("--arch", help="amd64 or arm64.")] = "amd64",
+    arch: Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (default: the default_arch "
+                                             "setting, else amd64).", show_default=False)] = None,
 ) -> None:
     """Make sure a base image is on the engine (present, pulled, or bootstrapped); print its tag."""
     def body() -> None:
@@ -458,7 +623,8 @@ def build_base(
         from .engine import Engine
         from .resolve import parse_arch
         from .scenario import Arch
-        chosen = Arch(parse_arch(arch))
+        default = _settings().default_arch
+        chosen = Arch(parse_arch(arch) or (default.value if default else "amd64"))
         with Progress() as progress:
             base = ensure_base(Engine.connect(), image, chosen, progress)
         err.print(f"{base.origin}: {base.ref} ({base.image_id[:19]})")
@@ -466,12 +632,12 @@ def build_base(
     _guard(body)
 
 
-@app.command()
+@command()
 def doctor(as_json: JsonOpt = False) -> None:
     """Check the engine, arm64 emulation, the GPU runtime, disk space and the CA bundle."""
     def body() -> None:
         from .doctor import run_checks
-        checks = run_checks(Path(os.environ.get("LAB_RUNS_DIR", "runs")))
+        checks = run_checks(_settings().runs_dir)
         if as_json:
             out.print(json.dumps({"checks": [asdict(c) for c in checks]}), markup=False)
         else:
@@ -485,7 +651,7 @@ def doctor(as_json: JsonOpt = False) -> None:
     _guard(body)
 
 
-@app.command()
+@command()
 def clean() -> None:
     """Remove every container and image the lab created (and only those)."""
     def body() -> None:
@@ -495,7 +661,7 @@ def clean() -> None:
     _guard(body)
 
 
-@app.command("schema")
+@command("schema")
 def schema_cmd(
     name: Annotated[str | None, typer.Argument(help="run, evidence, bisect, matrix, ablation or bundle-manifest "
                                                "(default: all of them).", show_default=False)] = None,
@@ -515,8 +681,34 @@ def schema_cmd(
     _guard(body)
 
 
+@command("config")
+def config_cmd(as_json: JsonOpt = False) -> None:
+    """Print the effective settings and where each came from (environment, project file, user file, default)."""
+    def body() -> None:
+        settings = _settings()
+        rows = settings.describe()
+        dirs = [{"origin": d.origin, "path": str(d.path)} for d in settings.scenario_dirs()]
+        files = {"user": str(settings.user_file), "user_exists": settings.user_file.is_file(),
+                 "project": str(settings.project_file) if settings.project_file else None}
+        if as_json:
+            out.print(json.dumps({"settings": rows, "files": files, "scenario_dirs": dirs}), markup=False)
+            return
+        table = Table("key", "value", "from", "variable")
+        for r in rows:
+            table.add_row(r["key"], escape(r["display"]), escape(r["source"]), r["env"])
+        out.print(table)
+        out.print(f"user file:    {settings.user_file}" + ("" if files["user_exists"] else " (absent)"), markup=False)
+        out.print(f"project file: {settings.project_file or '(none: no lab.toml from here up)'}", markup=False)
+        for d in dirs:
+            out.print(f"scenarios ({d['origin']}): {d['path']}", markup=False)
+        for r in rows:
+            if not r["used"]:
+                out.print(f"note: {r['key']} is accepted and validated, for {r['later']}", markup=False)
+    _guard(body)
+
+
 def main() -> None:  # pragma: no cover
     try:
-        app()
+        app(prog_name="lab")
     except EngineError as e:
-        _fail(e, 3)
+        _fail(e, codes.INFRASTRUCTURE)

@@ -43,6 +43,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from .cache import cache_dir
+from .config import current as current_settings
 from .errors import LabError
 from .hostpip import HostPip
 from .records import Events, no_events
@@ -198,8 +199,8 @@ def prepare_site(case: Case, host: HostPip, events: Events = no_events,
     target = target_for(case)
     if target is None:
         site = no_site(case, f"the Python version of {case.scenario.base} is unknown")
-    elif os.environ.get("LAB_CROSS_INSTALL", "1").strip().lower() in ("0", "no", "false", "off"):
-        site = no_site(case, "LAB_CROSS_INSTALL=0")
+    elif not (settings := current_settings()).cross_install:
+        site = no_site(case, f"cross_install is off ({settings.origins['cross_install']}, e.g. LAB_CROSS_INSTALL=0)")
     else:
         job = InstallJob(case.requirements, target, host,
                          compile_bytecode=f"{sys.version_info[0]}.{sys.version_info[1]}" == target.python,

@@ -55,3 +55,16 @@ class NoGpuRuntimeError(LabError):
 class ResultError(LabError):
     """A result file (result.json, ...) is missing, is not JSON, is another kind of document, comes
     from a newer lab, or does not fit its schema. Names the file and what is wrong."""
+class ConfigError(LabError):
+    """A configuration file or LAB_* variable is malformed or holds a bad value. Names the file and
+    line (or the variable) and the key."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 variable: str | None = None, field: str | None = None, hint: str | None = None) -> None:
+        self.file, self.line, self.variable, self.field = file, line, variable, field
+        if variable:
+            where = f"environment variable {variable}" + (f" (key `{field}`)" if field else "")
+        else:
+            where = ", ".join(filter(None, [file, f"line {line}" if line else None,
+                                            f"key `{field}`" if field else None]))
+        super().__init__(f"{where}: {message}" if where else message, hint)

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import io
 import json
-import os
 import re
 import shlex
 import tarfile
@@ -23,20 +22,19 @@ from typing import BinaryIO
 
 import jinja2
 
-from . import __version__
+from . import __version__, config
 from .crossinstall import VENV_IN_IMAGE, Installer, Site, install_with_uv, no_site, prepare_site, walk_tree
 from .errors import ScenarioError
 from .hostpip import HostPip, local_wheels
 from .records import Events, no_events
 from .resolve import Case
+from .resources import RUNNER_NAME, runner_source, template_loader
 from .scenario import CONTROL_CHARS, is_debian_package
 
-TEMPLATES_DIR = Path(os.environ.get("LAB_TEMPLATES_DIR") or Path(__file__).resolve().parent.parent / "dockerfiles")
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
 CA_IN_IMAGE = "/etc/lab/ca.crt"
 WHEELS_IN_IMAGE = "/lab/wheels"
 IMAGE_REPO = "torch-repro-lab/case"
-RUNNER = Path(__file__).resolve().parent / "probe" / "lab_run.py"  # runs inside the image
 RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
 WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
 SITE_DIR = "site"
@@ -145,7 +143,7 @@ def _short(value: object, limit: int = 80) -> str:
 @functools.lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=template_loader(config.current().templates_dir),  # package data, or templates_dir
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -231,7 +229,7 @@ def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None 
         ContextFile("lab/ca.crt", ca),
         ContextFile("lab/pip.conf", image_pip_conf(host).encode()),
         ContextFile("repro/" + case.scenario.script.name, source=case.scenario.script),
-        ContextFile("tools/" + RUNNER.name, source=RUNNER),
+        ContextFile("tools/" + RUNNER_NAME, runner_source()),  # lab/probe/lab_run.py, package data
         ContextFile("wheels/README", WHEELS_README),
         ContextTree(SITE_DIR, site.root, site.digest, site.size),
     ]

@@ -309,11 +309,16 @@ def collect_env_facts(text: str) -> list[tuple[str, str]]:
 
 
 def scenario_ref(case: Case) -> str:
-    """How to name the scenario on a command line: its name when it is a shipped one."""
-    from .scenario import default_scenarios_dir
+    """How to name the scenario on a command line: its name when that name finds this very file
+    (a project or shipped scenario, lab.config's search path), else its path."""
+    from .config import current
+    from .scenario import find_by_name
     source = case.scenario.source
-    if source is not None and source.parent.resolve() == default_scenarios_dir().resolve():
+    if source is None:
         return case.scenario.name
+    found = find_by_name(source.stem, [d.path for d in current().scenario_dirs()])
+    if found is not None and found.resolve() == source.resolve():
+        return source.stem
     return str(source)
 
 

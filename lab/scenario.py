@@ -13,10 +13,11 @@ anchor, before anything is expanded).  `network` and `limits` say what the run's
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,6 +55,7 @@ __all__ = [
     "check_version",
     "default_scenarios_dir",
     "is_debian_package",
+    "find_by_name",
     "list_scenarios",
     "load_scenario",
     "parse_size",
@@ -914,14 +916,14 @@ def _from_validation(exc: ValidationError, lines: Mapping[_Path, int], file: str
 
 
 def default_scenarios_dir() -> Path:
-    """`$LAB_SCENARIOS_DIR` if set, else the `scenarios/` folder at the repository root."""
-    override = os.environ.get("LAB_SCENARIOS_DIR")
-    if override:
-        return Path(override).expanduser()
-    return Path(__file__).resolve().parent.parent / "scenarios"
+    """The shipped scenarios (package data, lab.scenarios). The CLI searches the project's
+    `scenarios/` first (lab.config); library calls without a folder use this one."""
+    from lab.resources import shipped_scenarios_dir
+    return shipped_scenarios_dir()
 
 
 SCENARIOS_DIR: Path = default_scenarios_dir()
+ScenarioDirs = Path | Sequence[Path]
 
 
 def read_yaml(path: Path) -> tuple[Any, dict[_Path, int]]:
@@ -954,25 +956,27 @@ def _scenario_files(scenarios_dir: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.name)
 
 
-def _available_names(scenarios_dir: Path) -> list[str]:
-    try:
-        return sorted({p.stem for p in _scenario_files(scenarios_dir)})
-    except OSError:
-        return []
+def _available_names(scenarios_dirs: Sequence[Path]) -> list[str]:
+    names: set[str] = set()
+    for folder in scenarios_dirs:
+        with contextlib.suppress(OSError):
+            names |= {p.stem for p in _scenario_files(folder)}
+    return sorted(names)
 
 
-def _unknown_scenario(name: str, scenarios_dir: Path) -> ScenarioError:
-    names = _available_names(scenarios_dir)
+def _unknown_scenario(name: str, scenarios_dirs: Sequence[Path]) -> ScenarioError:
+    folders = " and ".join(str(d) for d in scenarios_dirs)
+    names = _available_names(scenarios_dirs)
     if not names:
         return _err(
-            f"unknown scenario {name!r}: there are no scenario files in {scenarios_dir}",
-            hint="Pass the path of a YAML file, or point LAB_SCENARIOS_DIR at the scenarios folder.",
+            f"unknown scenario {name!r}: there are no scenario files in {folders}",
+            hint="Pass the path of a YAML file, or set scenarios_dir (LAB_SCENARIOS_DIR) to the scenarios folder.",
         )
     ranked = difflib.get_close_matches(name, names, n=len(names), cutoff=0.0)
     close = difflib.get_close_matches(name, names, n=1)
     ranked += [n for n in names if n not in ranked]
     return _err(
-        f"unknown scenario {name!r}; available in {scenarios_dir}: {', '.join(ranked)}",
+        f"unknown scenario {name!r}; available in {folders}: {', '.join(ranked)}",
         hint=f"Did you mean {close[0]}?" if close else "Pass one of these names or the path of a YAML file.",
     )
 
@@ -981,31 +985,48 @@ def _looks_like_path(text: str) -> bool:
     return "/" in text or os.sep in text or text.endswith((".yaml", ".yml"))
 
 
-def _resolve_ref(ref: str | Path, scenarios_dir: Path) -> Path:
+def _as_dirs(scenarios_dir: ScenarioDirs | None) -> list[Path]:
+    if scenarios_dir is None:
+        return [SCENARIOS_DIR]
+    return [scenarios_dir] if isinstance(scenarios_dir, Path) else list(scenarios_dir)
+
+
+def find_by_name(name: str, scenarios_dirs: Sequence[Path]) -> Path | None:
+    """The file a scenario name stands for: `<name>.yaml`/`.yml` in the first folder that has one."""
+    for folder in scenarios_dirs:
+        for suffix in (".yaml", ".yml"):
+            if _is_file(folder / f"{name}{suffix}"):
+                return folder / f"{name}{suffix}"
+    return None
+
+
+def _resolve_ref(ref: str | Path, scenarios_dirs: Sequence[Path]) -> Path:
     text = str(ref)
     if isinstance(ref, Path) or _looks_like_path(text):
         path = Path(text).expanduser()
         if _is_file(path):
             return path
-        if not isinstance(ref, Path) and "/" not in text and _is_file(scenarios_dir / text):
-            return scenarios_dir / text
+        if not isinstance(ref, Path) and "/" not in text:
+            for folder in scenarios_dirs:
+                if _is_file(folder / text):
+                    return folder / text
         problem = "is not a file" if os.path.lexists(text) else "does not exist"
         raise _err(f"the scenario file {problem}", file=_display(path),
                             hint="Check the path, or pass a scenario name instead.")
-    for suffix in (".yaml", ".yml"):
-        candidate = scenarios_dir / f"{text}{suffix}"
-        if _is_file(candidate):
-            return candidate
-    raise _unknown_scenario(text, scenarios_dir)
+    found = find_by_name(text, scenarios_dirs)
+    if found is not None:
+        return found
+    raise _unknown_scenario(text, scenarios_dirs)
 
 
-def load_scenario(ref: str | Path, scenarios_dir: Path | None = None) -> Scenario:
-    """Load a scenario by name (`<name>.yaml`/`.yml` in scenarios_dir) or by path to a YAML file.
+def load_scenario(ref: str | Path, scenarios_dir: ScenarioDirs | None = None) -> Scenario:
+    """Load a scenario by name (`<name>.yaml`/`.yml` in the first of the folders that has it) or by
+    path to a YAML file.
 
-    `scenarios_dir` defaults to `SCENARIOS_DIR`.  Every failure is a `ScenarioError`.
+    `scenarios_dir` is one folder or a list searched in order (the CLI passes the project's, then
+    the shipped one); it defaults to `SCENARIOS_DIR`.  Every failure is a `ScenarioError`.
     """
-    directory = SCENARIOS_DIR if scenarios_dir is None else scenarios_dir
-    return _load_file(_resolve_ref(ref, directory))
+    return _load_file(_resolve_ref(ref, _as_dirs(scenarios_dir)))
 
 
 def list_scenarios(scenarios_dir: Path | None = None) -> list[Scenario | ScenarioError]:
@@ -1019,7 +1040,7 @@ def list_scenarios(scenarios_dir: Path | None = None) -> list[Scenario | Scenari
     except OSError as exc:
         raise _err(
             f"cannot list the scenarios folder {directory}: {exc.strerror or exc}",
-            hint="Create it, or point LAB_SCENARIOS_DIR at the folder that holds the scenario files.",
+            hint="Create it, or set scenarios_dir (LAB_SCENARIOS_DIR) to the folder that holds the scenario files.",
         ) from None
     results: list[Scenario | ScenarioError] = []
     for path in files:

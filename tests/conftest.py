@@ -35,9 +35,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def run_lab(*args: str, timeout: float = 3000, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real `lab` CLI as a user would."""
-    return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+def run_lab(*args: str, timeout: float = 3000, env: dict | None = None,
+            cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run the real `lab` CLI as a user would (from the repository's root unless `cwd`)."""
+    return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, **(env or {})})
 
 

@@ -111,3 +111,89 @@ def test_only_the_cli_prints():
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rich"):
                 offenders.append(f"{rel}:{node.lineno}: from {node.module} import")
     assert offenders == []
+# ----------------------------------------------------------------------------- conventions
+
+def test_version_prints_the_package_version():
+    from lab import __version__
+    proc = run_lab("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"torch-repro-lab {__version__}"
+
+
+@pytest.mark.parametrize("command", ["list", "show", "render", "build", "run", "bisect", "bundle", "replay",
+                                     "build-base", "doctor", "clean", "config"])
+def test_every_command_takes_verbose_quiet_and_debug(command):
+    text = " ".join(run_lab(command, "--help", env={"COLUMNS": "200"}).stdout.split())
+    for option in ("--verbose", "-v", "--quiet", "-q", "--debug"):
+        assert option in text, (command, option)
+
+
+def test_flags_work_before_and_after_the_command():
+    assert run_lab("-q", "render", "libgomp-amd64").returncode == 0
+    assert run_lab("render", "libgomp-amd64", "-v", "--debug").returncode == 0
+
+
+def test_shell_completion_is_offered():
+    assert "--install-completion" in run_lab("--help", env={"COLUMNS": "200"}).stdout
+    proc = run_lab("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    assert proc.returncode == 0 and "_LAB_COMPLETE" in proc.stdout.upper()
+
+
+def test_an_unexpected_error_is_one_paragraph_and_a_traceback_only_with_debug(monkeypatch):
+    from typer.testing import CliRunner
+
+    from lab import cli
+
+    def boom(ref):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_load", boom)
+    monkeypatch.setattr(cli, "_OUTPUT", cli._Output())
+    plain = CliRunner().invoke(cli.app, ["show", "x"])
+    assert plain.exit_code == 1
+    assert "unexpected RuntimeError: boom" in plain.output and "--debug" in plain.output
+    assert "Traceback" not in plain.output
+    monkeypatch.setattr(cli, "_OUTPUT", cli._Output())
+    checked = CliRunner().invoke(cli.app, ["run", "x", "--check"])
+    assert checked.exit_code == 128  # git bisect run stops: this would happen on every commit
+    monkeypatch.setattr(cli, "_OUTPUT", cli._Output())
+    debug = CliRunner().invoke(cli.app, ["show", "x", "--debug"])
+    assert debug.exit_code == 1 and "Traceback" in debug.output and "boom" in debug.output
+
+
+def test_check_bad_input_stops_git_bisect_run():
+    proc = run_lab("run", "libgomp-aarch46", "--check")
+    assert proc.returncode == 128 and "libgomp-aarch64" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_lab("run", "libgomp-amd64", "--check", "--repeat", "2")
+    assert proc.returncode == 128 and "--check judges one run" in " ".join(proc.stderr.split())
+
+
+def test_check_engine_down_is_a_skip(tmp_path):
+    proc = run_lab("run", "libgomp-amd64", "--check", env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
+    assert proc.returncode == 125 and "Docker engine does not answer" in proc.stderr
+    plain = run_lab("run", "libgomp-amd64", env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
+    assert plain.returncode == 3
+
+
+E2E = Path(__file__).parent / "data" / "e2e"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_check_through_real_runs_reproduced_1_timeout_125(tmp_path):
+    """Two cheap amd64 cases that share every layer but the script with libgomp-amd64."""
+    (tmp_path / "hello.py").write_text("print('hello from the repro')\n")
+    body = (E2E / "sleeper.yaml").read_text().replace("name: sleeper", "name: hello").replace(
+        "script: sleeper.py", "script: hello.py").replace("expect:\n  exit_code: 0",
+                                                          'expect:\n  stdout_contains: "hello from the repro"')
+    (tmp_path / "hello.yaml").write_text(body)
+    runs = tmp_path / "runs"
+    hello = run_lab("run", str(tmp_path / "hello.yaml"), "--no-diagnose", "--check", "--json", "-q",
+                    "--out", str(runs))
+    assert hello.returncode == 1, hello.stderr[-3000:]
+    assert last_json(hello.stdout)["verdict"] == "reproduced"
+    assert "build Step" not in hello.stderr and "verdict: reproduced" in hello.stderr  # -q: no progress
+    sleeper = run_lab("run", str(E2E / "sleeper.yaml"), "--no-diagnose", "--check", "--json", "--out", str(runs))
+    assert sleeper.returncode == 125, sleeper.stderr[-3000:]
+    assert last_json(sleeper.stdout)["verdict"] == "timeout"
+    plain = run_lab("run", str(E2E / "sleeper.yaml"), "--no-diagnose", "--json", "--out", str(runs))
+    assert plain.returncode == 0 and last_json(plain.stdout)["verdict"] == "timeout"

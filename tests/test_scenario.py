@@ -294,13 +294,24 @@ def test_missing_path_and_folder_path(tmp_path: Path) -> None:
         load_scenario(tmp_path)
 
 
-def test_default_dir_and_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("LAB_SCENARIOS_DIR", raising=False)
-    assert default_scenarios_dir() == Path(scenario_module.__file__).resolve().parent.parent / "scenarios"
-    monkeypatch.setenv("LAB_SCENARIOS_DIR", str(tmp_path))
-    assert default_scenarios_dir() == tmp_path
+def test_default_dir_is_the_shipped_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An editable install maps the repository's scenarios/ into the package (lab.scenarios).
+    assert default_scenarios_dir().resolve() == (Path(scenario_module.__file__).resolve().parent.parent
+                                                 / "scenarios")
     monkeypatch.setattr(scenario_module, "SCENARIOS_DIR", GOOD)
     assert load_scenario("minimal").name == "minimal"
+
+
+def test_a_list_of_folders_is_searched_in_order(tmp_path: Path) -> None:
+    (tmp_path / "repro.py").write_text("")
+    (tmp_path / "minimal.yaml").write_text((GOOD / "minimal.yaml").read_text().replace('"2.5.1"', '"2.9.0"'))
+    assert load_scenario("minimal", [tmp_path, GOOD]).torch == ("2.9.0",)  # the first folder wins
+    assert load_scenario("minimal", [GOOD, tmp_path]).torch == ("2.5.1",)
+    assert load_scenario("full", [tmp_path, GOOD]).source == GOOD / "full.yaml"  # found in the second
+    assert load_scenario("minimal.yaml", [tmp_path, GOOD]).source.parent == tmp_path
+    with pytest.raises(ScenarioError, match=r"available in .* and ") as caught:
+        load_scenario("nope", [tmp_path, GOOD])
+    assert str(tmp_path) in str(caught.value) and "full" in str(caught.value)
 
 
 def test_list_scenarios_keeps_going(tmp_path: Path) -> None:

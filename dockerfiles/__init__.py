@@ -1,0 +1,1 @@
+"""Package data: the Dockerfile templates (installed as lab.dockerfiles; read with importlib.resources)."""

@@ -1,0 +1,1 @@
+"""Package data: the shipped scenarios and their scripts (installed as lab.scenarios)."""
