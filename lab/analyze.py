@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .loader import RUNTIME_FAMILIES, DuplicateRuntime, describe, family_of, find_duplicate_runtimes, parse_dir
-from .records import EMULATOR_CRASH, RawRun, RunLimits, format_bytes
+from .records import EMULATOR_CRASH, STOPPED_OUT_FULL, OutputCopy, RawRun, RunLimits, StreamCapture, format_bytes
 from .tracebacks import ExceptionInfo, extract_exceptions
 
 _TAIL_BYTES = 64 * 1024
@@ -27,6 +27,8 @@ class Evidence:
     single_runtimes: tuple[tuple[str, str, int], ...] = ()  # (family, the one file, processes) w/o duplicates
     limits: RunLimits | None = None      # how the container was confined
     stopped_for: str | None = None       # why the lab stopped the container early
+    streams: tuple[StreamCapture, ...] = ()  # how much of stdout and stderr was kept
+    outputs: OutputCopy | None = None    # what came out of /out, and what did not
 
     @property
     def memory_limit(self) -> str | None:
@@ -37,6 +39,12 @@ class Evidence:
         """'killed: out of memory (limit 8 GiB)'."""
         limit = self.memory_limit
         return "killed: out of memory" + (f" (limit {limit})" if limit else "")
+
+    @property
+    def out_full_words(self) -> str:
+        """'killed: /out grew past its cap (1 GiB)'."""
+        cap = f" ({format_bytes(self.limits.output_bytes)})" if self.limits else ""
+        return f"killed: /out grew past its cap{cap}"
 
     @property
     def exception(self) -> ExceptionInfo | None:
@@ -63,11 +71,23 @@ class Evidence:
                          + ("; the lab stopped the container" if self.stopped_for else ""))
         if self.oom_killed:
             lines.append(f"the container was {self.oom_words}")
+        if self.stopped_for == STOPPED_OUT_FULL:
+            lines.append(f"the container was {self.out_full_words}")
+        lines += [words for s in self.streams if (words := s.plain_words())]
+        if self.outputs is not None:
+            lines += self.outputs.plain_words()
         if self.timed_out:
             lines.append(f"the run was killed after {self.duration_s:.0f} s (timeout)")
         elif self.exit_code is not None:
             lines.append(f"exit code {self.exit_code}")
         return lines
+
+    def capture_json(self) -> dict:
+        """What was kept of the outputs: {"stdout": {"bytes", "kept", "cap", "cut", "note"}, "stderr": ...,
+        "out": {"folder", "files", "bytes", "skipped": [{"path", "kind", "detail"}], "stopped"}}."""
+        out: dict = {s.name: s.to_json() for s in self.streams}
+        out["out"] = self.outputs.to_json() if self.outputs is not None else None
+        return out
 
     def to_json(self) -> dict:
         exc = self.exception
@@ -87,9 +107,12 @@ class Evidence:
             "emulator_crash": self.emulator_crash,
             "single_runtimes": [{"family": f, "path": p, "processes": n} for f, p, n in self.single_runtimes],
             "stopped_for": self.stopped_for,
+            "capture": self.capture_json(),
             "limits": None if self.limits is None else {
                 "memory_bytes": self.limits.memory_bytes, "pids": self.limits.pids,
-                "cpus": self.limits.cpus, "network": self.limits.network},
+                "cpus": self.limits.cpus, "network": self.limits.network,
+                "output_bytes": self.limits.output_bytes, "output_files": self.limits.output_files,
+                "stream_bytes": self.limits.stream_bytes},
         }
 
 
@@ -158,4 +181,6 @@ def analyze(raw: RawRun) -> Evidence:
         single_runtimes=_single_runtimes(procs),
         limits=raw.limits,
         stopped_for=raw.stopped_for,
+        streams=raw.streams,
+        outputs=raw.outputs,
     )

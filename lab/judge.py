@@ -1,7 +1,7 @@
 """Evidence + scenario.expect -> Verdict.
 
 Infrastructure failures (a build that failed, an emulator that crashed, a
-container killed for memory, torch that does not import) are `error`, never
+container killed for memory or for filling /out, torch that does not import) are `error`, never
 `not_reproduced`: they say nothing about the bug. Otherwise the case is
 `reproduced` when every expectation holds, like `check_str` in Dynamo's minifier:
 a different crash is not a reproduction.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .analyze import Evidence
+from .records import STOPPED_OUT_FULL
 from .scenario import Expect
 
 
@@ -59,6 +60,8 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
         return Judgement(Verdict.ERROR, "crashed under emulation; confirm on native arm64", checks)
     if ev.oom_killed and not all(c.held for c in checks):
         return Judgement(Verdict.ERROR, ev.oom_words, checks)
+    if ev.stopped_for == STOPPED_OUT_FULL and not all(c.held for c in checks):
+        return Judgement(Verdict.ERROR, ev.out_full_words, checks)
     broken = _broken_environment(ev)
     if broken and not all(c.held for c in checks):
         return Judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
