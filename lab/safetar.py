@@ -365,22 +365,24 @@ def _read_problem(exc: BaseException) -> str:
 
 
 class _ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the engine's archive stream)."""
+    """A readable file over an iterator of byte chunks (the engine's archive stream). Unbuffered:
+    each read hands out at most what one chunk still holds, so when the stream breaks, everything
+    before the break has been handed out (and whole files in it copied)."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         super().__init__()
         self._chunks = iter(chunks)
-        self._buf = b""
+        self._buf = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        while not self._buf:
+        while not len(self._buf):
             chunk = next(self._chunks, None)
             if chunk is None:
                 return 0
-            self._buf = bytes(chunk)
+            self._buf = memoryview(bytes(chunk))
         n = min(len(buffer), len(self._buf))
         buffer[:n] = self._buf[:n]
         self._buf = self._buf[n:]
@@ -484,7 +486,7 @@ def extract_outputs(chunks: Iterable[bytes], dest: Path | str, *, max_total_byte
     folder = dest.name
     job = _OutputCopy(dest, max_total_bytes, max_files, reserved)
     stream_limit = max_total_bytes + max_files * _PER_MEMBER_OVERHEAD + HEADER_BUDGET
-    counter = _CountingReader(io.BufferedReader(_ChunkReader(chunks), _CHUNK), stream_limit)
+    counter = _CountingReader(_ChunkReader(chunks), stream_limit)
     stopped: str | None = None
     name: str | None = None
     try:
