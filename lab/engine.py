@@ -228,8 +228,9 @@ class Engine:
             if watch is not None:
                 watch.stop()
             _remove(container)
-            if reader is not None:
+            if reader is not None:  # on the way out early (Ctrl-C, an engine error): close the files
                 reader.close()
+                reader.finish(5)
         return RawRun(exit_code=exit_code, timed_out=timed_out, oom_killed=oom, duration_s=duration,
                       stdout_path=logs_dir / "stdout.txt", stderr_path=logs_dir / "stderr.txt",
                       loader_dir=out_dir / "ld", emulated=emulated, command=tuple(command),
@@ -421,6 +422,7 @@ class _Capture:
             del self.tail[:-STREAM_TAIL_BYTES]
 
     def finish(self, note: str | None) -> StreamCapture:
+        """Close the file (once; later calls only report)."""
         if not self.fh.closed:
             if self.total > self.head:
                 dropped = self.total - self.head - len(self.tail)
@@ -452,7 +454,9 @@ class _StreamReader(threading.Thread):
             self.note = f"reading it stopped early: {_short(exc)}"
 
     def finish(self, wait_s: float) -> tuple[StreamCapture, StreamCapture]:
-        self.join(wait_s)
+        """Wait for the streams to end (at most `wait_s`), then close both files."""
+        if self.is_alive():
+            self.join(wait_s)
         note = self.note
         if self.is_alive():
             note = f"the stream was still open {wait_s:.0f} s after the container ended; what came is kept"
