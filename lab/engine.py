@@ -54,7 +54,7 @@ ENGINE_LOG = {"max-size": "16m", "max-file": "2"}
 READ_FILE_BYTES = 64 * 1024**2  # Engine.read_file reads at most this much of one file
 OUTPUT_OF_BYTES = 16 * 1024**2  # Engine.output_of keeps at most this much output
 _POLL_S = 2.0
-_OUT_CHECK_S = 15.0  # how often the size of /out is checked while the script runs
+_OUT_CHECK_S = 10.0  # how often the size of /out is checked while the script runs
 _JOIN_S = 60.0       # how long the stream reader may take to drain after the container ends
 # After QEMU's crash line (seen with aarch64 torch 2.13.0 and 2.15.0 under qemu-user 7.2) the
 # crashed process can run on for 20+ minutes, so the lab stops the container itself.
@@ -493,11 +493,18 @@ class _OutWatch(threading.Thread):
         self._stop.set()
 
 
+# The check's own environment: an exec inherits the container's, where LD_DEBUG would make `du`
+# write a loader log into /out/ld (false evidence), and the scenario's env could preload anything.
+_DU_ENV = {"LD_DEBUG": "", "LD_DEBUG_OUTPUT": "", "LD_PRELOAD": "", "LD_LIBRARY_PATH": "", "PATH": "/usr/bin:/bin"}
+
+
 def _du(container) -> int | None:
-    """Bytes allocated under /out, or None when the check could not run."""
+    """Bytes allocated under /out (what `du` could read), or None when the check could not run."""
     try:
-        code, output = container.exec_run(["du", "-sk", OUT_IN_CONTAINER], user=RUN_USER)
-        return int(output.split()[0]) * 1024 if code == 0 else None
+        _, output = container.exec_run(["du", "-sk", OUT_IN_CONTAINER], stderr=False, user=RUN_USER,
+                                       environment=_DU_ENV)
+        last = output.decode("ascii", "replace").strip().splitlines()[-1]
+        return int(last.split()[0]) * 1024
     except (docker.errors.APIError, requests.exceptions.RequestException, ValueError, IndexError):
         return None
 

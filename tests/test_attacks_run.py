@@ -161,6 +161,8 @@ def test_an_output_that_never_ends_is_cut_noted_and_the_run_gets_its_verdict(tmp
         assert len(data) < (2 << 20) + 1024  # the cap, the last MiB and the marker line
         assert f"[torch-repro-lab: {name} cut at 1 MiB;".encode() in data
     assert stderr.endswith(b"\nstderr-end\n")  # the end is kept: a final traceback would be judged
+    # One process, one loader log: the lab's own size check of /out (an exec) leaves none.
+    assert [p.name for p in (run_dir / "out" / "ld").iterdir()] == ["ld.1"]
     report = (run_dir / "report.md").read_text()
     assert "stdout was cut at 1 MiB" in report and "stderr was cut at 1 MiB" in report
     assert "Outputs cut or refused: stdout cut at 1 MiB; stderr cut at 1 MiB" in report

@@ -64,3 +64,29 @@ def test_a_flood_keeps_its_start_and_its_last_bytes_with_a_marker(tmp_path: Path
     assert result.kept_bytes == 1000 + STREAM_TAIL_BYTES
     assert len(data) < 1000 + STREAM_TAIL_BYTES + 200
     assert "stderr was cut at 1000 B" in result.plain_words()
+
+
+class _FakeContainer:
+    """Only for the size check's parsing: what `exec_run` answered, and how it was called."""
+
+    def __init__(self, answer) -> None:
+        self.answer, self.calls = answer, []
+
+    def exec_run(self, cmd, **kwargs):
+        self.calls.append((cmd, kwargs))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_the_out_size_check_reads_du_and_leaves_no_loader_log():
+    import docker.errors
+
+    from lab.engine import _du
+    fake = _FakeContainer((1, b"2048\t/out\n"))  # exit 1: some folder was unreadable; the total still counts
+    assert _du(fake) == 2048 * 1024
+    (cmd, kwargs), = fake.calls
+    assert cmd == ["du", "-sk", OUT_IN_CONTAINER] and kwargs["user"] == RUN_USER and kwargs["stderr"] is False
+    assert kwargs["environment"]["LD_DEBUG"] == "" and kwargs["environment"]["LD_PRELOAD"] == ""
+    assert _du(_FakeContainer((126, b""))) is None
+    assert _du(_FakeContainer(docker.errors.APIError("pids limit"))) is None
