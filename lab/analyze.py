@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .loader import RUNTIME_FAMILIES, DuplicateRuntime, describe, family_of, find_duplicate_runtimes, parse_dir
-from .records import EMULATOR_CRASH, RawRun, RunLimits, format_bytes
+from .records import EMULATOR_CRASH, STOPPED_OUT_FULL, OutputCopy, RawRun, RunLimits, StreamCapture, format_bytes
 from .results import (
+    CaptureDetail,
     DuplicateRuntimeDetail,
     DuplicateRuntimeRef,
     EvidenceRecord,
@@ -17,8 +18,10 @@ from .results import (
     GraphBreakDetail,
     Judgement,
     LimitsDetail,
+    OutputCopyDetail,
     RunEvidence,
     SingleRuntime,
+    StreamCaptureDetail,
 )
 from .tracebacks import ExceptionInfo, extract_exceptions
 
@@ -39,6 +42,8 @@ class Evidence:
     single_runtimes: tuple[tuple[str, str, int], ...] = ()  # (family, the one file, processes) w/o duplicates
     limits: RunLimits | None = None      # how the container was confined
     stopped_for: str | None = None       # why the lab stopped the container early
+    streams: tuple[StreamCapture, ...] = ()  # how much of stdout and stderr was kept
+    outputs: OutputCopy | None = None    # what came out of /out, and what did not
 
     @property
     def memory_limit(self) -> str | None:
@@ -49,6 +54,12 @@ class Evidence:
         """'killed: out of memory (limit 8 GiB)'."""
         limit = self.memory_limit
         return "killed: out of memory" + (f" (limit {limit})" if limit else "")
+
+    @property
+    def out_full_words(self) -> str:
+        """'killed: /out grew past its cap (1 GiB)'."""
+        cap = f" ({format_bytes(self.limits.output_bytes)})" if self.limits else ""
+        return f"killed: /out grew past its cap{cap}"
 
     @property
     def exception(self) -> ExceptionInfo | None:
@@ -75,11 +86,22 @@ class Evidence:
                          + ("; the lab stopped the container" if self.stopped_for else ""))
         if self.oom_killed:
             lines.append(f"the container was {self.oom_words}")
+        if self.stopped_for == STOPPED_OUT_FULL:
+            lines.append(f"the container was {self.out_full_words}")
+        lines += [words for s in self.streams if (words := s.plain_words())]
+        if self.outputs is not None:
+            lines += self.outputs.plain_words()
         if self.timed_out:
             lines.append(f"the run was killed after {self.duration_s:.0f} s (timeout)")
         elif self.exit_code is not None:
             lines.append(f"exit code {self.exit_code}")
         return lines
+
+    def capture(self) -> CaptureDetail:
+        """What was kept of the outputs: each stream's cut, and what was copied out of /out."""
+        streams = {s.name: StreamCaptureDetail.model_validate(s.to_json()) for s in self.streams}
+        out = None if self.outputs is None else OutputCopyDetail.model_validate(self.outputs.to_json())
+        return CaptureDetail(**streams, out=out)
 
     def summary(self) -> RunEvidence:
         """The evidence block of result.json (and `lab run --json`)."""
@@ -105,8 +127,10 @@ class Evidence:
             emulator_crash=self.emulator_crash,
             single_runtimes=tuple(SingleRuntime(family=f, path=p, processes=n) for f, p, n in self.single_runtimes),
             stopped_for=self.stopped_for,
-            limits=None if lim is None else LimitsDetail(memory_bytes=lim.memory_bytes, pids=lim.pids,
-                                                         cpus=lim.cpus, network=lim.network),
+            limits=None if lim is None else LimitsDetail(
+                memory_bytes=lim.memory_bytes, pids=lim.pids, cpus=lim.cpus, network=lim.network,
+                output_bytes=lim.output_bytes, output_files=lim.output_files, stream_bytes=lim.stream_bytes),
+            capture=self.capture(),
             judgement=judgement)
 
 
@@ -172,4 +196,6 @@ def analyze(raw: RawRun) -> Evidence:
         single_runtimes=_single_runtimes(procs),
         limits=raw.limits,
         stopped_for=raw.stopped_for,
+        streams=raw.streams,
+        outputs=raw.outputs,
     )

@@ -1,7 +1,7 @@
 """Evidence + scenario.expect -> Verdict.
 
 Infrastructure failures (a build that failed, an emulator that crashed, a
-container killed for memory, torch that does not import) are `error`, never
+container killed for memory or for filling /out, torch that does not import) are `error`, never
 `not_reproduced`: they say nothing about the bug. Otherwise the case is
 `reproduced` when every expectation holds, like `check_str` in Dynamo's minifier:
 a different crash is not a reproduction.
@@ -10,6 +10,7 @@ a different crash is not a reproduction.
 from __future__ import annotations
 
 from .analyze import Evidence
+from .records import STOPPED_OUT_FULL
 from .results import Check, Judgement, Verdict
 from .scenario import Expect
 
@@ -39,6 +40,8 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
         return _judgement(Verdict.ERROR, "crashed under emulation; confirm on native arm64", checks)
     if ev.oom_killed and not all(c.held for c in checks):
         return _judgement(Verdict.ERROR, ev.oom_words, checks)
+    if ev.stopped_for == STOPPED_OUT_FULL and not all(c.held for c in checks):
+        return _judgement(Verdict.ERROR, ev.out_full_words, checks)
     broken = _broken_environment(ev)
     if broken and not all(c.held for c in checks):
         return _judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)

@@ -15,12 +15,14 @@ from .engine import Engine
 from .errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from .hostpip import HostPip
 from .judge import Judgement, build_failed, judge
-from .records import Events, RunLimits, no_events
+from .records import Events, RawRun, RunLimits, no_events
 from .render import RUNNER_IN_IMAGE, BuildPlan, plan_build
 from .resolve import Case
 from .results import RunResult
 
 LD_DEBUG = "libs,files"
+# Files the lab writes into diagnose/ itself: a diagnose run's /out may not bring them.
+DIAGNOSE_RESERVED = frozenset({"stdout.txt", "stderr.txt", "diagnostics.json", "diagnostics.json.tmp"})
 COLLECT_ENV_TIMEOUT_S = 900
 
 
@@ -62,7 +64,8 @@ def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
             hint="Read the script, then rerun with --allow-network.")
     lim = case.scenario.limits
     return RunLimits(memory_bytes=lim.memory_bytes, pids=lim.pids, cpus=lim.cpus,
-                     network=case.scenario.network and allow_network)
+                     network=case.scenario.network and allow_network,
+                     output_bytes=lim.output_bytes, stream_bytes=lim.logs_bytes)
 
 
 def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
@@ -124,13 +127,20 @@ def _command(case: Case, through_runner: bool) -> list[str]:
 def _run_script(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events, limits: RunLimits):
     env = case.run_env()
     env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": "/out/ld/ld"})
-    (run_dir / "out" / "ld").mkdir(parents=True, exist_ok=True)
     command = _command(case, through_runner=case.hooked)
     events("run", f"running {' '.join(command)} (timeout {case.scenario.timeout} s, {limits.describe()}"
                   f"{', emulated' if case.arch != engine.arch else ''})")
-    return engine.run(tag, command, env, mount_dir=run_dir / "out", logs_dir=run_dir, arch=case.arch,
-                      timeout=case.scenario.timeout, labels={"org.torch-repro-lab.case": case.name},
-                      events=events, limits=limits)
+    raw = engine.run(tag, command, env, out_dir=run_dir / "out", logs_dir=run_dir, arch=case.arch,
+                     timeout=case.scenario.timeout, labels={"org.torch-repro-lab.case": case.name},
+                     events=events, limits=limits)
+    _output_events(raw, events, "run")
+    return raw
+
+
+def _output_events(raw: RawRun, events: Events, stage: str) -> None:
+    """Say what the lab cut or refused while taking the run's outputs (also in the report)."""
+    for line in raw.output_words():
+        events(stage, line)
 
 
 def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events, limits: RunLimits,
@@ -139,19 +149,19 @@ def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Event
     compile time by phase, and a TORCH_TRACE folder (for tlparse); with `compile_debug`, also
     TORCH_COMPILE_DEBUG=1's folder."""
     folder = run_dir / "diagnose"
-    for sub in ("diag", "trace") + (("compile_debug",) if compile_debug else ()):
-        (folder / sub).mkdir(parents=True, exist_ok=True)
     env = case.run_env()
     env.update({"LAB_DIAG_DIR": "/out/diag", "TORCH_TRACE": "/out/trace", "TORCH_LOGS": "recompiles"})
     if compile_debug:
         env.update({"TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": "/out/compile_debug"})
     events("diagnose", "explain, recompiles, compile times and TORCH_TRACE (a second run of the script)")
-    raw = engine.run(tag, _command(case, through_runner=True), env, mount_dir=folder, logs_dir=folder,
+    raw = engine.run(tag, _command(case, through_runner=True), env, out_dir=folder, logs_dir=folder,
                      arch=case.arch, timeout=case.scenario.timeout,
                      labels={"org.torch-repro-lab.case": case.name, "org.torch-repro-lab.step": "diagnose"},
-                     events=events, limits=limits)
+                     events=events, limits=limits, reserved=DIAGNOSE_RESERVED)
+    _output_events(raw, events, "diagnose")
     diagnostics = load_diagnostics(folder / "diag", folder / "trace", read_text(raw.stderr_path))
     notes = ["the diagnose run timed out; what it wrote before that is kept"] if raw.timed_out else []
+    notes += [f"diagnose run: {line}" for line in raw.output_words()]
     if compile_debug:
         written = sum(1 for p in (folder / "compile_debug").rglob("*") if p.is_file())
         files = f"{written} file" + ("s" if written != 1 else "")

@@ -38,6 +38,15 @@ class BuiltImage:
     build_seconds: float
 
 
+# What the lab copies out of a run at most (scenario `limits: {output: ..., logs: ...}` changes
+# the byte caps; the file cap and the size of /tmp are fixed here).
+OUTPUT_BYTES = 1024**3          # /out, copied into the run folder after the run (and checked during it)
+OUTPUT_FILES = 100_000          # entries of /out copied at most
+STREAM_BYTES = 64 * 1024**2     # stdout and stderr, each: the first this many bytes are kept
+STREAM_TAIL_BYTES = 1024**2     # ... and, past the cap, the last this many
+TMP_BYTES = 8 * 1024**3         # the tmpfs at /tmp when memory is unlimited (else the memory limit)
+
+
 @dataclass(frozen=True, slots=True)
 class RunLimits:
     """How a repro container is confined. The script comes from a bug report: it is untrusted."""
@@ -46,6 +55,14 @@ class RunLimits:
     pids: int | None = 4096
     cpus: float | None = None                # None: every core the engine has
     network: bool = False                    # False: network_mode="none"
+    output_bytes: int = OUTPUT_BYTES         # /out: the most bytes copied into the run folder
+    output_files: int = OUTPUT_FILES
+    stream_bytes: int = STREAM_BYTES         # stdout and stderr, each
+
+    @property
+    def tmp_bytes(self) -> int:
+        """The size of the tmpfs at /tmp: its pages count against the memory limit anyway."""
+        return self.memory_bytes or TMP_BYTES
 
     def describe(self) -> str:
         parts = [f"memory {format_bytes(self.memory_bytes)}" if self.memory_bytes else "memory unlimited",
@@ -53,6 +70,11 @@ class RunLimits:
                  f"cpus {self.cpus:g}" if self.cpus else "all cpus",
                  "network on" if self.network else "no network"]
         return ", ".join(parts)
+
+    def describe_caps(self) -> str:
+        """'/out copied up to 1 GiB and 100000 files, stdout and stderr kept up to 64 MiB each'."""
+        return (f"/out copied up to {format_bytes(self.output_bytes)} and {self.output_files} files, "
+                f"stdout and stderr kept up to {format_bytes(self.stream_bytes)} each")
 
 
 def format_bytes(n: int | None) -> str:
@@ -82,3 +104,81 @@ class RawRun:
     env: tuple[tuple[str, str], ...]
     limits: RunLimits | None = None
     stopped_for: str | None = None  # why the lab stopped the container early (e.g. the emulator crashed)
+    streams: tuple[StreamCapture, ...] = ()  # stdout and stderr: how much was written and kept
+    outputs: OutputCopy | None = None       # what was copied out of /out, and what was not
+
+    def output_words(self) -> list[str]:
+        """What the lab cut or refused while taking the outputs, in plain words."""
+        lines = [words for s in self.streams if (words := s.plain_words())]
+        return lines + (self.outputs.plain_words() if self.outputs is not None else [])
+
+
+# Why the lab stopped a container early (RawRun.stopped_for).
+STOPPED_EMULATOR = "emulator crash"
+STOPPED_OUT_FULL = "/out over its cap"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCapture:
+    """One captured stream: the first `cap` bytes are kept, and past it only the last few."""
+
+    name: str               # "stdout" | "stderr"
+    total_bytes: int        # what the container wrote to it (as far as the lab read it)
+    kept_bytes: int         # bytes of the stream in the file (head, plus the tail past a cut)
+    cap: int
+    note: str | None = None  # something that went wrong while reading it
+
+    @property
+    def cut(self) -> bool:
+        return self.total_bytes > self.kept_bytes
+
+    def plain_words(self) -> str | None:
+        if self.cut:
+            return (f"{self.name} was cut at {format_bytes(self.cap)}: the script wrote "
+                    f"{format_bytes(self.total_bytes)}; {self.name}.txt keeps the first "
+                    f"{format_bytes(self.cap)} and the last {format_bytes(self.kept_bytes - self.cap)}, "
+                    "with a marker line between")
+        return f"{self.name}: {self.note}" if self.note else None
+
+    def to_json(self) -> dict:
+        return {"bytes": self.total_bytes, "kept": self.kept_bytes, "cap": self.cap, "cut": self.cut,
+                "note": self.note}
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """An entry of /out the lab did not copy: a link, fifo or device, an unsafe name, ..."""
+
+    path: str
+    kind: str               # "symbolic link", "hard link", "fifo", "device file", "unsafe name", ...
+    detail: str = ""        # e.g. "to '/root/.ssh/authorized_keys'"
+
+    def words(self) -> str:
+        return f"`{self.path}` ({self.kind}{', ' + self.detail if self.detail else ''})"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCopy:
+    """What came out of a container's /out into the run folder (lab.safetar.extract_outputs)."""
+
+    folder: str             # the run folder's sub-folder it went to: "out" or "diagnose"
+    files: int
+    bytes: int
+    skipped: tuple[Skipped, ...] = ()
+    stopped: str | None = None  # why the copy stopped before the end of /out (a cap, an error)
+
+    def plain_words(self, most: int = 10) -> list[str]:
+        lines = []
+        if self.skipped:
+            shown = ", ".join(s.words() for s in self.skipped[:most])
+            more = f" and {len(self.skipped) - most} more" if len(self.skipped) > most else ""
+            lines.append(f"{self.folder}/: {len(self.skipped)} entr{'ies' if len(self.skipped) != 1 else 'y'} "
+                         f"of /out not copied (the lab never creates links, fifos or devices): {shown}{more}")
+        if self.stopped:
+            lines.append(f"{self.folder}/: the copy of /out stopped early: {self.stopped}")
+        return lines
+
+    def to_json(self) -> dict:
+        return {"folder": self.folder, "files": self.files, "bytes": self.bytes,
+                "skipped": [{"path": s.path, "kind": s.kind, "detail": s.detail} for s in self.skipped],
+                "stopped": self.stopped}

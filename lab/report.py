@@ -18,7 +18,7 @@ from . import __version__
 from .analyze import Evidence, read_text
 from .dynamo import Diagnostics
 from .judge import Judgement
-from .records import BaseImage, BuiltImage
+from .records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
 from .render import BuildPlan
 from .resolve import Case
 from .results import RESULT_NAME, BaseRef, EngineRef, ImageRef, RunEvidence, RunResult, UnfinishedRun
@@ -133,6 +133,7 @@ def run_result(rec: RunRecord) -> RunResult:
         duration_s=round(ev.duration_s, 2) if ev else None,
         killed=_killed(ev),
         limits=None if ev is None or ev.limits is None else ev.limits.describe(),
+        capture=ev.capture() if ev else None,
         checks=rec.judgement.checks,
         image=None if rec.image is None else ImageRef(tag=rec.image.tag, id=rec.image.image_id,
                                                       cached=rec.image.cached),
@@ -251,8 +252,12 @@ def _summary(rec: RunRecord) -> list[str]:
         if killed:
             lines.append(f"- Killed: {killed}")
         if rec.evidence.limits is not None:
-            lines.append(f"- Confinement: {rec.evidence.limits.describe()}; no capabilities, "
-                         "no-new-privileges, no mounts but `out/`")
+            lines.append(f"- Confinement: {rec.evidence.limits.describe()}; a user other than root, a "
+                         "read-only root filesystem and a private /tmp, no capabilities, no-new-privileges, "
+                         "no host folder mounted; " + rec.evidence.limits.describe_caps())
+        cuts = _cut_words(rec.evidence)
+        if cuts:
+            lines.append(f"- Outputs cut or refused: {cuts}")
     if s.description:
         lines += ["", s.description.strip()]
     return lines
@@ -266,9 +271,23 @@ def _killed(ev) -> str | None:
         return f"timeout, after {ev.duration_s:.0f} s; the container was stopped and its partial logs kept"
     if ev.oom_killed:
         return ev.oom_words.removeprefix("killed: ")
-    if ev.stopped_for == "emulator crash":
+    if ev.stopped_for == STOPPED_EMULATOR:
         return "the emulator crashed, and the lab stopped the container (QEMU would hang)"
+    if ev.stopped_for == STOPPED_OUT_FULL:
+        return ev.out_full_words.removeprefix("killed: ") + "; the lab stopped the container"
     return None
+
+
+def _cut_words(ev: Evidence) -> str:
+    """'stdout cut; 2 entries of /out not copied' (the details are in the evidence list)."""
+    parts = [f"{s.name} cut at {format_bytes(s.cap)}" for s in ev.streams if s.cut]
+    if ev.outputs is not None and ev.outputs.skipped:
+        n = len(ev.outputs.skipped)
+        parts.append(f"{n} entr{'ies' if n != 1 else 'y'} of /out not copied (links, fifos, devices or "
+                     "unsafe names)")
+    if ev.outputs is not None and ev.outputs.stopped:
+        parts.append("the copy of /out stopped early")
+    return "; ".join(parts) + ("; see the evidence below" if parts else "")
 
 
 def _versions(rec: RunRecord) -> list[str]:

@@ -161,6 +161,42 @@ class BaseRef(Record):
     image_id: str
 
 
+class StreamCaptureDetail(Record):
+    """What was kept of one output stream (stdout or stderr)."""
+
+    bytes: int          # what the script wrote
+    kept: int           # what the run folder holds
+    cap: int | None
+    cut: bool
+    note: str | None = None
+
+
+class SkippedDetail(Record):
+    """An entry of /out the lab did not copy (a link, fifo, device, unsafe name...)."""
+
+    path: str
+    kind: str
+    detail: str = ""
+
+
+class OutputCopyDetail(Record):
+    """What was copied out of the container's /out through the engine API."""
+
+    folder: str
+    files: int
+    bytes: int
+    skipped: tuple[SkippedDetail, ...] = ()
+    stopped: str | None = None
+
+
+class CaptureDetail(Record):
+    """What the run folder kept of the script's outputs, with every cut and skip."""
+
+    stdout: StreamCaptureDetail | None = None
+    stderr: StreamCaptureDetail | None = None
+    out: OutputCopyDetail | None = None
+
+
 class EngineRef(Record):
     version: str
     host_arch: str
@@ -187,6 +223,7 @@ class RunResult(Document):
     duration_s: float | None
     killed: str | None
     limits: str | None
+    capture: CaptureDetail | None = None
     checks: tuple[Check, ...]
     image: ImageRef | None
     base: BaseRef | None
@@ -258,6 +295,9 @@ class LimitsDetail(Record):
     pids: int | None
     cpus: float | None
     network: bool
+    output_bytes: int | None = None   # cap on what is copied out of /out
+    output_files: int | None = None   # cap on the number of files copied out of /out
+    stream_bytes: int | None = None   # cap on each of stdout and stderr
 
 
 class EvidenceRecord(Document):
@@ -277,6 +317,7 @@ class EvidenceRecord(Document):
     single_runtimes: tuple[SingleRuntime, ...]
     stopped_for: str | None
     limits: LimitsDetail | None
+    capture: CaptureDetail | None = None
     judgement: Judgement
 
 

@@ -22,6 +22,11 @@ read whole into memory) may take at most 1 MiB.
 
 Nothing half-done is left behind: members go into a hidden temporary folder next to `dest`, which
 is renamed to `dest` only when the whole archive has been checked, and removed on any failure.
+
+`extract_outputs` copies a run container's /out (the engine's archive stream) into the run
+folder with the same member checks, but as evidence rather than as a whole to refuse: a link,
+fifo, device or unsafe name is skipped and noted, never made, and the copy stops with a note at
+its size or file cap, keeping what it copied so far.
 """
 
 from __future__ import annotations
@@ -34,14 +39,15 @@ import shutil
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 from lab.errors import LabError
+from lab.records import OutputCopy, Skipped, format_bytes
 
-__all__ = ["BundleError", "HEADER_BUDGET", "safe_extract"]
+__all__ = ["BundleError", "HEADER_BUDGET", "extract_outputs", "member_kind", "safe_extract"]
 
 HEADER_BUDGET = 1 << 20          # decompressed bytes one member's headers may take
 _PER_MEMBER_OVERHEAD = 4096      # header blocks and padding allowed per member in the stream total
@@ -133,20 +139,33 @@ def _check_name(name: str) -> str | None:
     return None
 
 
+def member_kind(member: tarfile.TarInfo) -> str | None:
+    """What refused kind of member this is ("symbolic link", "hard link", "device file", "fifo",
+    "sparse file", "unsupported type 'X'"), or None for a regular file or a folder."""
+    if member.issym():
+        return "symbolic link"
+    if member.islnk():
+        return "hard link"
+    if member.ischr() or member.isblk():
+        return "device file"
+    if member.isfifo():
+        return "fifo"
+    if member.issparse() or getattr(member, "sparse", None):
+        return "sparse file"
+    if not (member.isreg() or member.isdir()):
+        return f"unsupported type {member.type.decode('latin-1')!r}"
+    return None
+
+
 def _kind(member: tarfile.TarInfo) -> str | None:
     """Why a member's type is refused, or None for a regular file or folder."""
-    if member.issym():
-        return f"it is a symbolic link (to {member.linkname!r}); links are refused"
-    if member.islnk():
-        return f"it is a hard link (to {member.linkname!r}); links are refused"
-    if member.ischr() or member.isblk():
-        return "it is a device file"
-    if member.isfifo():
+    kind = member_kind(member)
+    if kind in ("symbolic link", "hard link"):
+        return f"it is a {kind} (to {member.linkname!r}); links are refused"
+    if kind == "fifo":
         return "it is a fifo (named pipe)"
-    if member.issparse() or getattr(member, "sparse", None):
-        return "it is a sparse file"
-    if not (member.isreg() or member.isdir()):
-        return f"it has an unsupported type {member.type!r}"
+    if kind is not None:
+        return f"it {'has an' if kind.startswith('unsupported') else 'is a'} {kind}"
     return None
 
 
@@ -340,3 +359,164 @@ def _read_problem(exc: BaseException) -> str:
     if isinstance(exc, zlib.error):
         return f"its compressed data is corrupt ({exc})"
     return f"it is not a valid tar archive ({exc or 'no tar header found'})"
+
+
+# --- a container's outputs ---------------------------------------------------------------------
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the engine's archive stream). Unbuffered:
+    each read hands out at most what one chunk still holds, so when the stream breaks, everything
+    before the break has been handed out (and whole files in it copied)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        super().__init__()
+        self._chunks = iter(chunks)
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not len(self._buf):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._buf = memoryview(bytes(chunk))
+        n = min(len(buffer), len(self._buf))
+        buffer[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+class _OutputCopy:
+    """The state of one copy of a container's /out (see `extract_outputs`)."""
+
+    def __init__(self, dest: Path, max_total_bytes: int, max_files: int, reserved: Collection[str]) -> None:
+        self.dest = dest
+        self.max_total_bytes = max_total_bytes
+        self.max_files = max_files
+        self.reserved = set(reserved)
+        self.members = 0
+        self.files = 0
+        self.bytes = 0
+        self.skipped: list[Skipped] = []
+        self.seen: set[str] = set()
+
+    def skip(self, name: str, kind: str, detail: str = "") -> None:
+        self.skipped.append(Skipped(name[:300], kind, detail[:300]))
+
+    def accept(self, member: tarfile.TarInfo) -> str | None:
+        """The member's path under `dest` when it is to be written, else None (skipped, noted)."""
+        name = member.name.removeprefix("./").rstrip("/")
+        if name in ("", "."):
+            return None
+        why = _check_name(name)
+        if why:
+            self.skip(name, "unsafe name", why)
+            return None
+        kind = member_kind(member)
+        if kind is not None:
+            linked = f"to {member.linkname!r}" if member.issym() or member.islnk() else ""
+            self.skip(name, kind, linked)
+            return None
+        if name.split("/")[0] in self.reserved:
+            self.skip(name, "reserved name", "the lab writes this file itself")
+            return None
+        if name in self.seen:
+            self.skip(name, "duplicate", "the archive holds this name twice")
+            return None
+        try:
+            tarfile.data_filter(member, str(self.dest))
+        except tarfile.FilterError as exc:
+            self.skip(name, "refused", f"Python's tar data filter: {exc}")
+            return None
+        self.seen.add(name)
+        return name
+
+    def write(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> None:
+        """Write one regular file; folders are made only for the files in them. Nothing here
+        follows a link: the lab made every path under `dest`, and it never makes a link."""
+        target = self.dest / name
+        clash = next((p for p in _parents(name) if (self.dest / p).exists() and not (self.dest / p).is_dir()),
+                     None)
+        if clash is not None or target.exists():
+            self.skip(name, "name clash", f"{clash or name!r} already exists")
+            return
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        source = tar.extractfile(member)
+        assert source is not None
+        mode = 0o755 if member.mode & 0o100 else 0o644
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        written = 0
+        try:
+            with os.fdopen(os.open(target, flags, mode), "wb") as out:
+                while chunk := source.read(_CHUNK):
+                    written += len(chunk)
+                    out.write(chunk)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+        if written != member.size:
+            target.unlink(missing_ok=True)
+            raise EOFError(f"the archive ends inside {name!r}")
+        self.files += 1
+        self.bytes += written
+
+    def result(self, folder: str, stopped: str | None) -> OutputCopy:
+        return OutputCopy(folder=folder, files=self.files, bytes=self.bytes, skipped=tuple(self.skipped),
+                          stopped=stopped)
+
+
+def extract_outputs(chunks: Iterable[bytes], dest: Path | str, *, max_total_bytes: int, max_files: int,
+                    reserved: Collection[str] = ()) -> OutputCopy:
+    """Copy a container's output folder, streamed as an uncompressed tar (the engine's archive of
+    `/out/.`), into `dest`, the lab's own folder (made if absent), and say what was copied.
+
+    Unlike `safe_extract`, nothing the tar holds makes this fail: the container's outputs are
+    evidence, and a refused entry is noted in the result (`skipped`), never created. Links (symbolic
+    and hard), fifos, devices and sparse files are never made; nor are unsafe names (the same
+    checks as bundles), names given twice, or top-level names in `reserved` (files the lab writes
+    itself into `dest`). Folders are made only as parents of the files copied. The copy stops,
+    with a note in `stopped`, at the first file that would take it past `max_total_bytes`, after
+    `max_files` entries, or when the stream breaks; what was copied by then stays.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    folder = dest.name
+    job = _OutputCopy(dest, max_total_bytes, max_files, reserved)
+    stream_limit = max_total_bytes + max_files * _PER_MEMBER_OVERHEAD + HEADER_BUDGET
+    counter = _CountingReader(_ChunkReader(chunks), stream_limit)
+    stopped: str | None = None
+    name: str | None = None
+    try:
+        with counter.window(HEADER_BUDGET):
+            tar = tarfile.open(fileobj=counter, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
+        with tar:
+            while True:
+                with counter.window(HEADER_BUDGET):
+                    member = tar.next()
+                if member is None:
+                    break
+                job.members += 1
+                if job.members > max_files:
+                    stopped = f"/out holds more than {max_files} entries, the cap; the rest was not copied"
+                    break
+                name = job.accept(member)
+                if name is None or not member.isreg():
+                    continue
+                if job.bytes + member.size > max_total_bytes:
+                    stopped = (f"{name!r} ({format_bytes(member.size)}) would take the copy past its cap of "
+                               f"{format_bytes(max_total_bytes)}; it and the rest of /out were not copied")
+                    break
+                job.write(tar, member, name)
+                name = None
+    except _TooMuch:
+        stopped = "the archive of /out ran past its size cap (headers included); the rest was not copied"
+    except (EOFError, zlib.error, tarfile.TarError) as exc:
+        where = f" at {name!r}" if name else ""
+        stopped = f"the archive of /out could not be read{where} ({exc or type(exc).__name__})"
+    except OSError as exc:
+        where = f" at {name!r}" if name else ""
+        stopped = f"the copy of /out failed{where}: {exc.strerror or exc}"
+    return job.result(folder, stopped)

@@ -112,11 +112,16 @@ _FIELD_HELP: dict[str, str] = {
     "expect.stderr_contains": "must be a non-empty text to find in the script's standard error",
     "expect.exit_code": "must be a whole number between 0 and 255",
     "network": "must be true or false (true: the script needs network access at run time)",
-    "limits": "must be a mapping with any of memory, pids, cpus, such as {memory: 8g, pids: 4096, cpus: 2}",
+    "limits": "must be a mapping with any of memory, pids, cpus, output, logs, such as "
+    "{memory: 8g, pids: 4096, cpus: 2, output: 1g, logs: 64m}",
     "limits.memory": "must be a memory size such as 512m, 8g or 8GiB (binary units, at least 6 MiB), "
     "or a whole number of bytes",
     "limits.pids": "must be a whole number of processes between 16 and 4194304",
     "limits.cpus": "must be a number of CPUs greater than 0 and at most 1024, such as 2 or 0.5",
+    "limits.output": "must be a size such as 256m or 1g (binary units, from 1 MiB to 1 TiB): the most the "
+    "lab copies out of /out",
+    "limits.logs": "must be a size such as 16m or 64m (binary units, from 64 KiB to 16 GiB): the most the "
+    "lab keeps of stdout, and of stderr",
 }
 
 
@@ -421,6 +426,19 @@ def _check_memory(value: Any) -> str:
     return str(value).strip()
 
 
+def _size_check(field: str, low: int, high: int):
+    """A validator of a size field (`limits.output`, `limits.logs`): kept as written, within bounds."""
+    def check(value: Any) -> str:
+        try:
+            size = parse_size(value)
+        except ValueError:
+            raise _Invalid(f"{_FIELD_HELP[field]}, got {_show(value)}") from None
+        if not low <= size <= high:
+            raise _Invalid(f"{_FIELD_HELP[field]}, got {_show(value)} ({size} bytes)")
+        return str(value).strip()
+    return check
+
+
 def _check_non_empty(value: str) -> str:
     if not value:
         raise _Invalid("must not be empty: an empty text is found in any output")
@@ -489,6 +507,9 @@ class Limits(BaseModel):
     give the engine `memory_bytes`, which reads it the way `docker run --memory` does.
     `pids`: the most processes and threads at once, default 4096 (a fork bomb stops there).
     `cpus`: a CPU quota such as 2 or 0.5; default None: every host core.
+    `output`: the most the lab copies out of the run's /out into the run folder, default 1g (the
+    run is also stopped when /out grows past it).
+    `logs`: the most the lab keeps of stdout, and of stderr, default 64m (then only their last MiB).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -496,11 +517,21 @@ class Limits(BaseModel):
     memory: Annotated[str, BeforeValidator(_check_memory)] = "8g"
     pids: int = Field(default=4096, ge=16, le=4194304, strict=True)
     cpus: float | None = Field(default=None, gt=0, le=1024, strict=True, allow_inf_nan=False)
+    output: Annotated[str, BeforeValidator(_size_check("limits.output", 1 << 20, 1 << 40))] = "1g"
+    logs: Annotated[str, BeforeValidator(_size_check("limits.logs", 64 << 10, 16 << 30))] = "64m"
 
     @property
     def memory_bytes(self) -> int:
         """`memory` in bytes, as Docker reads it."""
         return parse_size(self.memory)
+
+    @property
+    def output_bytes(self) -> int:
+        return parse_size(self.output)
+
+    @property
+    def logs_bytes(self) -> int:
+        return parse_size(self.logs)
 
 
 class Scenario(BaseModel):

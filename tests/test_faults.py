@@ -183,9 +183,16 @@ try:
     print("network yes")
 except OSError as e:
     print("network no")
-mounts = [l.split()[1] for l in open("/proc/self/mounts") if l.split()[0] not in ("proc", "tmpfs", "devpts",
-          "sysfs", "cgroup", "mqueue", "shm", "overlay", "cgroup2")]
-print("mounts", sorted(m for m in mounts if not m.startswith(("/proc", "/sys", "/dev", "/etc/"))))
+# /proc/self/mountinfo: id parent major:minor root mountpoint options ... - fstype source superoptions
+info = [l.split() for l in open("/proc/self/mountinfo")]
+fields = {l[4]: (l[3], l[5], l[l.index("-") + 1]) for l in info}
+mounts = [m for m, (root, opts, fstype) in fields.items() if fstype not in ("proc", "tmpfs", "devpts", "sysfs",
+          "cgroup", "mqueue", "overlay", "cgroup2") and not m.startswith(("/proc", "/sys", "/dev", "/etc/"))]
+print("mounts", sorted(mounts))
+print("out-root", fields["/out"][0])
+print("root-options", fields["/"][1])
+print("tmp", fields["/tmp"][2], fields["/tmp"][1])
+print("uid", os.getuid())
 """
 
 
@@ -207,7 +214,16 @@ def test_the_script_runs_confined(tmp_path):
     assert "NoNewPrivs:\t1" in stdout
     assert "cgroup-pids 321" in stdout
     assert "docker-sock False" in stdout
-    assert "mounts ['/out']" in stdout, stdout
+    assert "mounts ['/out']" in stdout, stdout  # and /tmp, a tmpfs
+    # /out is a Docker volume (the engine's own folder), not a bind mount of a host folder.
+    out_root = next(ln for ln in stdout.splitlines() if ln.startswith("out-root ")).split()[1]
+    assert "/volumes/" in out_root and out_root.endswith("/_data"), out_root
+    assert str(tmp_path) not in stdout
+    root_options = next(ln for ln in stdout.splitlines() if ln.startswith("root-options ")).split()[1]
+    assert root_options.split(",")[0] == "ro", root_options
+    tmp = next(ln for ln in stdout.splitlines() if ln.startswith("tmp ")).split()
+    assert tmp[1] == "tmpfs" and "noexec" not in tmp[2].split(",") and "nosuid" in tmp[2].split(","), tmp
+    assert "uid 10001" in stdout
 
 
 def test_a_scenario_that_asks_for_network_needs_allow_network(tmp_path):

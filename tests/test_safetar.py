@@ -281,3 +281,126 @@ def test_missing_archive(work: Path) -> None:
     with pytest.raises(BundleError, match="cannot read it"):
         safe_extract(work / "in" / "nope.tar.gz", work / "out" / "dest", **LIMITS)
     assert list((work / "out").iterdir()) == []
+
+
+# --- extract_outputs: a container's /out, copied as evidence -----------------------------------
+
+
+def docker_style(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """Names as the engine's archive of `/out/.` gives them: `.` first, then `./name`."""
+    root = tarfile.TarInfo(".")
+    root.type = tarfile.DIRTYPE
+    out = [(root, None)]
+    for info, data in members:
+        info.name = "./" + info.name
+        out.append((info, data))
+    return out
+
+
+def chunked(data: bytes, size: int = 777):
+    """The archive as the engine streams it: chunks of any size."""
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+def copy_out(dest: Path, members, **kwargs):
+    from lab.safetar import extract_outputs
+    args = {**LIMITS, **kwargs}
+    return extract_outputs(chunked(tar_bytes(docker_style(members))), dest, **args)
+
+
+def test_outputs_copy_regular_files_and_their_folders(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    result = copy_out(dest, [folder("ld"), reg("ld/ld.12", b"calling init: x\n"), reg("run.sh", b"#!", 0o755),
+                             folder("empty")])
+    assert (dest / "ld" / "ld.12").read_bytes() == b"calling init: x\n"
+    assert os.stat(dest / "run.sh").st_mode & 0o777 == 0o755
+    assert not (dest / "empty").exists()  # folders are made only for the files in them
+    assert (result.folder, result.files, result.bytes, result.skipped, result.stopped) == ("out", 2, 18, (), None)
+
+
+@pytest.mark.parametrize(("member", "kind", "detail"), [
+    (special("stdout.txt", tarfile.SYMTYPE, "/root/.ssh/authorized_keys"), "symbolic link",
+     "to '/root/.ssh/authorized_keys'"),
+    (special("ld/ld.1", tarfile.SYMTYPE, "../../../../etc/shadow"), "symbolic link", "to '../../../../etc/shadow'"),
+    (special("ld/ld.2", tarfile.LNKTYPE, "./ld/ld.0"), "hard link", "to './ld/ld.0'"),
+    (special("pipe", tarfile.FIFOTYPE), "fifo", ""),
+    (special("tty", tarfile.CHRTYPE), "device file", ""),
+    (special("sda", tarfile.BLKTYPE), "device file", ""),
+    (reg("../escape", b"x"), "unsafe name", "its path has a '..' component, which would leave the folder"),
+    (reg("a\\b", b"x"), "unsafe name", "its name contains a backslash"),
+])
+def test_outputs_never_make_links_fifos_devices_or_escapes(tmp_path: Path, member, kind: str, detail: str) -> None:
+    dest = tmp_path / "run" / "out"
+    canary = tmp_path / "canary"
+    canary.write_text("untouched")
+    result = copy_out(dest, [folder("ld"), reg("ld/ld.0", b"loader"), member, reg("zz-after", b"still copied")])
+    assert [(s.path, s.kind, s.detail) for s in result.skipped] == [(member[0].name.removeprefix("./"), kind, detail)]
+    assert result.stopped is None and result.files == 2
+    assert (dest / "zz-after").read_bytes() == b"still copied"
+    for path in dest.rglob("*"):
+        assert path.is_dir() or (path.is_file() and not path.is_symlink()), path
+        if path.is_file():
+            assert path.stat().st_nlink == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["canary", "run"]
+    assert canary.read_text() == "untouched"
+    assert " (" + kind in result.plain_words()[0]
+
+
+def test_outputs_skip_reserved_names_duplicates_and_clashes(tmp_path: Path) -> None:
+    dest = tmp_path / "diagnose"
+    dest.mkdir()
+    (dest / "stdout.txt").write_text("the lab's own capture")
+    result = copy_out(dest, [reg("stdout.txt", b"forged"), reg("diagnostics.json", b"{}"), reg("a", b"1"),
+                             reg("a", b"2"), reg("a/b", b"3"), reg("d/e", b"4")],
+                      reserved={"stdout.txt", "diagnostics.json"})
+    assert (dest / "stdout.txt").read_text() == "the lab's own capture"
+    assert not (dest / "diagnostics.json").exists()
+    assert (dest / "a").read_bytes() == b"1" and (dest / "d" / "e").read_bytes() == b"4"
+    assert [(s.path, s.kind) for s in result.skipped] == [
+        ("stdout.txt", "reserved name"), ("diagnostics.json", "reserved name"), ("a", "duplicate"),
+        ("a/b", "name clash")]
+
+
+def test_outputs_stop_at_the_size_cap_and_keep_what_came_before(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    result = copy_out(dest, [reg("a", b"x" * 600), reg("b", b"y" * 600), reg("c", b"z")], max_total_bytes=1000)
+    assert (dest / "a").read_bytes() == b"x" * 600
+    assert not (dest / "b").exists() and not (dest / "c").exists()
+    assert result.files == 1 and result.bytes == 600
+    assert result.stopped and "'b'" in result.stopped and "cap of 1000 B" in result.stopped
+    assert "the copy of /out stopped early" in result.plain_words()[0]
+
+
+def test_outputs_stop_at_the_file_cap(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    result = copy_out(dest, [reg(f"f{i}", b"x") for i in range(10)], max_files=4)
+    assert result.files == 3  # the `.` entry counts too
+    assert result.stopped and "more than 4 entries" in result.stopped
+
+
+def test_outputs_from_a_broken_stream_keep_whole_files_only(tmp_path: Path) -> None:
+    from lab.safetar import extract_outputs
+    data = tar_bytes(docker_style([reg("a", b"x" * 100), reg("b", b"y" * 5000)]))
+    inside_b = data.index(b"y" * 5000) + 1000
+
+    def broken():
+        yield data[:inside_b]
+        raise OSError("the engine's archive stream broke")
+
+    dest = tmp_path / "out"
+    result = extract_outputs(broken(), dest, **LIMITS)
+    assert (dest / "a").read_bytes() == b"x" * 100
+    assert not (dest / "b").exists()
+    assert result.files == 1 and result.stopped and "broke" in result.stopped
+
+    truncated = extract_outputs(chunked(data[:inside_b]), tmp_path / "out2", **LIMITS)
+    assert not (tmp_path / "out2" / "b").exists() and truncated.stopped
+
+
+def test_outputs_of_an_empty_or_unreadable_stream(tmp_path: Path) -> None:
+    from lab.safetar import extract_outputs
+    empty = extract_outputs(iter([tar_bytes([])]), tmp_path / "e", **LIMITS)
+    assert (empty.files, empty.stopped) == (0, None) and (tmp_path / "e").is_dir()
+    garbage = extract_outputs(iter([b"not a tar" * 100]), tmp_path / "g", **LIMITS)
+    assert garbage.files == 0 and garbage.stopped and "could not be read" in garbage.stopped

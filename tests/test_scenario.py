@@ -489,8 +489,19 @@ LIMITS_BAD = [
     ("cpus-text", "limits: {cpus: '2'}\n", "limits.cpus", "such as 2 or 0.5"),
     ("limits-unknown", "limits: {cpu: 2}\n", "limits.cpu", "Did you mean `cpus`?"),
     ("limits-list", "limits: [8g]\n", "limits", "must be a mapping with any of memory, pids, cpus"),
+    ("output-small", "limits: {output: 4k}\n", "limits.output", "from 1 MiB to 1 TiB"),
+    ("output-unit", "limits: {output: lots}\n", "limits.output", "got 'lots'"),
+    ("logs-huge", "limits: {logs: 1t}\n", "limits.logs", "from 64 KiB to 16 GiB"),
+    ("logs-list", "limits: {logs: [1m]}\n", "limits.logs", "got ['1m']"),
     ("ablation-unknown", "ablation: {vai: env}\n", "ablation.vai", "the allowed keys are: via, max_autotune"),
 ]
+
+
+def test_output_and_logs_caps(tmp_path: Path) -> None:
+    default = load_scenario(GOOD / "minimal.yaml").limits
+    assert (default.output_bytes, default.logs_bytes) == (1 << 30, 64 << 20)
+    limits = load_scenario(write(tmp_path, BASE + "limits: {output: 16m, logs: 1m}\n")).limits
+    assert (limits.output, limits.output_bytes, limits.logs, limits.logs_bytes) == ("16m", 16 << 20, "1m", 1 << 20)
 
 
 @pytest.mark.parametrize(("extra", "field", "fragment"), [c[1:] for c in LIMITS_BAD],
