@@ -41,8 +41,12 @@ Text files (valid UTF-8 without NUL bytes) go through `lab.scrub.scrub_text` (se
 credentials, home path).  The stored report.md ends with a "How to replay" section
 (`replay_instructions`), added when the run's report.md lacks one.
 
-`open_bundle` checks bundle.json (size capped, strict pydantic model), then unpacks through
-`lab.safetar.safe_extract` with the manifest's sizes and sha256 as the only files allowed.
+`unpack_bundle` (and `open_bundle`, its folder only) checks bundle.json (size capped, strict
+pydantic model), then unpacks through `lab.safetar.safe_extract` with the manifest's sizes and
+sha256 as the only files allowed. It returns the manifest with the folder: `Unpacked.read_checked`
+reads a file again and checks it against the manifest, so what a replay shows and builds from a
+bundle is exactly what the manifest lists. The manifest is no signature: whoever edits a bundle
+can update it, which is why `lab replay` builds this lab's re-render of the bundled scenario.
 """
 
 from __future__ import annotations

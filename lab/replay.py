@@ -302,6 +302,8 @@ def _resolved(value: Any, lines: Mapping[tuple, int], display: str) -> _Resolved
         cause = (error.get("ctx") or {}).get("error")
         if error["type"] == "extra_forbidden":
             message = "unknown key; `lab run` does not write it."
+        elif error["type"] == "missing":
+            message = "is missing; `lab run` writes it."
         elif isinstance(cause, ValueError):
             message = f"{cause}."
         else:
@@ -319,9 +321,9 @@ def _script_head(data: bytes, name: str) -> ScriptHead:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:
         encoding = "utf-8"
-        notes.append(f"Python will refuse it: {str(exc)[:120]}")
+        notes.append(f"Python will refuse it: {visible(str(exc), 120)}")
     if encoding not in ("utf-8", "utf-8-sig"):
-        notes.append(f"it declares the source encoding {encoding!r}; shown decoded as Python decodes it")
+        notes.append(f"it declares the source encoding {visible(encoding, 40)!r}; shown as Python decodes it")
     try:
         text = data.decode(encoding)
     except (UnicodeDecodeError, LookupError):

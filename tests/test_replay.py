@@ -287,3 +287,18 @@ def test_visible_escapes_and_cuts() -> None:
     assert visible("\x1b[31mred\u2066") == "\\x1b[31mred\\u2066"
     assert visible("x" * 10, limit=4) == "xxxx [... 6 more characters]"
     assert visible("ünïcode ✓") == "ünïcode ✓"
+
+
+def test_a_missing_resolved_torch_names_the_field(bundle: Path, tmp_path: Path) -> None:
+    tampered = tamper(bundle, tmp_path / "t.tar.gz", edit_scenario(lambda d: d["resolved"].pop("torch")))
+    with pytest.raises(ScenarioError, match=r"field `resolved.torch`: is missing"):
+        prepare(tampered, tmp_path)
+
+
+def test_an_unknown_coding_cookie_is_noted(bundle: Path, tmp_path: Path) -> None:
+    def edit(files: dict[str, bytes]) -> None:
+        files["repro/s.py"] = b"# coding: no-such-codec \x1b[2K\nprint(1)\n"
+    plan = prepare(tamper(bundle, tmp_path / "t.tar.gz", edit), tmp_path)
+    discard_replay(plan)
+    assert any(note.startswith("Python will refuse it") for note in plan.script.notes)
+    assert "\x1b" not in "".join(plan.script.notes + plan.script.lines)
