@@ -344,9 +344,10 @@ def test_network_asked_by_a_bundle_runs_only_with_allow_network_and_is_shown(hon
     bundle, _ = honest
     tampered = tamper(bundle, tmp_path / "evil.tar.gz", edit_scenario(lambda d: d.update(network=True)))
     place["before"] = snapshot(tmp_path)
-    proc = replay(tampered, place, "--allow-network", "--json")
+    proc = replay(tampered, place, "--allow-network", "--yes", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "network          YES" in proc.stderr
+    assert "--yes: building and running without asking." in proc.stderr
     result = last_json(proc.stdout)
     assert "network on" in result["limits"]
     assert_untouched(tmp_path, place, Path(result["run_dir"]))
