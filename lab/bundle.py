@@ -41,8 +41,12 @@ Text files (valid UTF-8 without NUL bytes) go through `lab.scrub.scrub_text` (se
 credentials, home path).  The stored report.md ends with a "How to replay" section
 (`replay_instructions`), added when the run's report.md lacks one.
 
-`open_bundle` checks bundle.json (size capped, strict pydantic model), then unpacks through
-`lab.safetar.safe_extract` with the manifest's sizes and sha256 as the only files allowed.
+`unpack_bundle` (and `open_bundle`, its folder only) checks bundle.json (size capped, strict
+pydantic model), then unpacks through `lab.safetar.safe_extract` with the manifest's sizes and
+sha256 as the only files allowed. It returns the manifest with the folder: `Unpacked.read_checked`
+reads a file again and checks it against the manifest, so what a replay shows and builds from a
+bundle is exactly what the manifest lists. The manifest is no signature: whoever edits a bundle
+can update it, which is why `lab replay` builds this lab's re-render of the bundled scenario.
 """
 
 from __future__ import annotations
@@ -90,11 +94,13 @@ __all__ = [
     "BundleLimits",
     "Comparison",
     "Manifest",
+    "Unpacked",
     "compare",
     "inspect_bundle",
     "open_bundle",
     "replay_instructions",
     "signature",
+    "unpack_bundle",
     "validate_manifest",
     "write_bundle",
 ]
@@ -382,10 +388,45 @@ def inspect_bundle(source: Path | str | IO[bytes], limits: BundleLimits = DEFAUL
     return read_head(source, limits).manifest
 
 
-def open_bundle(path: Path | str, dest: Path | str, limits: BundleLimits = DEFAULT_LIMITS) -> Path:
+@dataclass(frozen=True)
+class Unpacked:
+    """A bundle unpacked by `unpack_bundle`: its run folder and the manifest it was checked against."""
+
+    folder: Path
+    manifest: Manifest
+
+    def entry(self, rel: str) -> FileEntry | None:
+        return next((f for f in self.manifest.files if f.path == rel), None)
+
+    def read_checked(self, rel: str, max_bytes: int = 64 << 20) -> bytes:
+        """A file of the bundle, read again and checked against the manifest's size and sha256, so
+        what the lab shows or builds is exactly what the manifest lists (BundleError otherwise)."""
+        entry = self.entry(rel)
+        if entry is None:
+            raise BundleError(f"{self.folder}: {rel} is not listed in the bundle's manifest",
+                              hint="Only the files bundle.json lists are used from a bundle.")
+        path = self.folder / rel
+        if entry.size > max_bytes:
+            raise BundleError(f"{self.folder}: {rel} is {entry.size} bytes, more than the {max_bytes} bytes "
+                              "the lab reads of it", hint="The bundle was not made by `lab bundle`.")
+        try:
+            if path.is_symlink() or not path.is_file():
+                raise FileNotFoundError(rel)
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BundleError(f"{self.folder}: {rel} cannot be read ({exc})",
+                              hint="Something changed the unpacked bundle; replay it again.") from None
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise BundleError(f"{self.folder}: {rel} no longer matches the manifest's size and sha256",
+                              hint="Something changed the unpacked bundle; replay it again.")
+        return data
+
+
+def unpack_bundle(path: Path | str, dest: Path | str, limits: BundleLimits = DEFAULT_LIMITS) -> Unpacked:
     """Check a bundle's manifest, then unpack it safely into the new folder `dest`.
 
-    Returns the run folder inside it, `dest/<root>`. Any problem is a BundleError, and leaves no `dest`.
+    Returns the run folder inside it, `dest/<root>`, with the manifest. Any problem is a
+    BundleError, and leaves no `dest`.
     """
     head = read_head(path, limits)
     root = head.root
@@ -393,7 +434,12 @@ def open_bundle(path: Path | str, dest: Path | str, limits: BundleLimits = DEFAU
     expected.update({f"{root}/{f.path}": (f.size, f.sha256) for f in head.manifest.files})
     safe_extract(path, dest, max_total_bytes=limits.max_total_bytes + head.size, max_files=len(expected),
                  expected=expected)
-    return Path(dest) / root
+    return Unpacked(Path(dest) / root, head.manifest)
+
+
+def open_bundle(path: Path | str, dest: Path | str, limits: BundleLimits = DEFAULT_LIMITS) -> Path:
+    """`unpack_bundle`'s run folder: `dest/<root>`."""
+    return unpack_bundle(path, dest, limits).folder
 
 
 # --------------------------------------------------------------------------- writing

@@ -375,15 +375,13 @@ def run(
             raise ScenarioError(f"--repeat must be 1 or more, not {repeat}.", field="--repeat")
         if ablate and (len(cases) > 1 or repeat > 1):
             raise ScenarioError("--ablate runs one case: choose one torch version and one arch.", field="--ablate")
+        if check and (len(cases) > 1 or repeat > 1 or ablate):
+            raise ScenarioError("--check judges one run: choose one torch version and one arch, without "
+                                "--repeat or --ablate.", field="--check")
         host = discover()
         for c in cases:  # refuse before anything is built
             run_limits(c, allow_network)
             check_release(c, host)
-        if check and (len(cases) > 1 or repeat > 1 or ablate):
-            raise ScenarioError("--check judges one run: choose one torch version and one arch, without "
-                                "--repeat or --ablate.", field="--check")
-        for c in cases:
-            run_limits(c, allow_network)  # refuse before anything is built
         runs_root = _runs_root(out_dir)
         engine = Engine.connect()
         if len(cases) == 1 and repeat == 1:
@@ -398,8 +396,7 @@ def run(
             _print_outcome(outcome)
             if as_json:
                 out.print(json.dumps(outcome.result.to_json()), markup=False)
-                out.print(json.dumps(outcome.result), markup=False)
-            verdict.append(outcome.result["verdict"])
+            verdict.append(outcome.result.verdict.value)
             return
         _matrix(cases, engine, host, runs_root, repeat, as_json,
                 dict(diagnose=diagnose, compile_debug=compile_debug, allow_network=allow_network))
@@ -575,23 +572,41 @@ def bundle_cmd(
     _guard(body)
 
 
+DECLINED = 4  # exit code of `lab replay` when the user answers no: nothing was built or run
+
+
 @command("replay")
 def replay_cmd(
     bundle: Annotated[Path, typer.Argument(help="A bundle made by `lab bundle`.", show_default=False)],
     out_dir: OutOpt = None,
     allow_network: Annotated[bool, typer.Option("--allow-network", help="Let the script use the network, "
                                                 "if the bundled scenario asks for it.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Build and run without asking (the summary is "
+                                      "still printed). Without a terminal the lab does not ask either.")] = False,
+    bundled_dockerfile: Annotated[bool, typer.Option(
+        "--bundled-dockerfile", help="UNSAFE: build the bundle's own Dockerfile instead of this lab's "
+        "re-render of its scenario. Its RUN steps run at build time with network access.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check a bundle, rebuild its image, rerun it and compare the verdict and evidence with the bundled ones."""
+    """Check a bundle, show what it would build and run, ask, then rebuild it with this lab's templates,
+    rerun it and compare the verdict and evidence with the bundled ones. Exit 4 when you decline."""
     def body() -> None:
         from .engine import Engine
         from .hostpip import discover
-        from .replay import replay
+        from .replay import discard_replay, execute_replay, prepare_replay
         runs_root = _runs_root(out_dir)
         engine = Engine.connect()
-        with Progress() as progress:
-            outcome = replay(bundle, engine, discover(), runs_root, progress, allow_network=allow_network)
+        plan = prepare_replay(bundle, runs_root, engine.arch, allow_network=allow_network,
+                              bundled_dockerfile=bundled_dockerfile)
+        try:
+            _show_replay_plan(plan)
+            if not _confirm_replay(yes):
+                err.print(f"declined: nothing was built or run, and nothing was kept (exit {DECLINED}).")
+                raise typer.Exit(DECLINED)
+            with Progress() as progress:
+                outcome = execute_replay(plan, engine, discover(), progress)
+        finally:
+            discard_replay(plan)
         original, result = outcome.original, outcome.result
         err.print(f"original: {original.verdict.value} ({escape(original.reason)})")
         colour = _COLOURS.get(result.verdict.value, "bold")
@@ -607,8 +622,80 @@ def replay_cmd(
             out.print(json.dumps({**result.to_json(), "replay": {
                 "same": outcome.comparison.same, "differences": [] if outcome.comparison.same else
                 list(outcome.comparison.lines), "original_verdict": original.verdict.value,
-                "dockerfile_same_as_this_lab": outcome.dockerfile_same_as_this_lab}}), markup=False)
+                "dockerfile_same_as_this_lab": outcome.dockerfile_same_as_this_lab,
+                "dockerfile_built": outcome.built.value}}), markup=False)
     _guard(body)
+
+
+def _show_replay_plan(plan) -> None:
+    """What a replay will build and run, on stderr, before anything happens."""
+    from .records import format_bytes
+    from .replay import Built
+    m, case, script = plan.manifest, plan.case, plan.script
+
+    def row(name: str, value: str) -> None:
+        err.print(f"  {name:<16} ", end="")
+        err.print(value, markup=False, emoji=False, highlight=False, soft_wrap=True)
+
+    err.print(f"[bold]replay of {escape(str(plan.bundle))}[/]", soft_wrap=True)
+    row("bundle", f"made {m.created} by torch-repro-lab {m.lab_version}, {len(m.files)} files")
+    row("original", f"{case.name}: {plan.original.verdict.value}")
+    row("base", f"{case.scenario.base} ({case.arch.platform}"
+        + (", emulated with QEMU)" if plan.emulated else ", native)"))
+    row("torch", case.torch + (f", backend {case.backend}" if case.backend else "")
+        + (f", mode {case.mode}" if case.mode else ""))
+    row("system packages", (", ".join(plan.system_packages) or "none")
+        + (f" (and the lab's {', '.join(plan.lab_packages)})" if plan.lab_packages else ""))
+    row("pip", ", ".join(plan.requirements))
+    row("network", "YES: the script may use the network (--allow-network)" if plan.network else "no")
+    row("GPU", "yes (all GPUs of the engine)" if plan.gpu else "no")
+    row("limits", f"{plan.limits.describe()}, timeout {case.scenario.timeout} s")
+    row("environment", ", ".join(f"{k}={v}" for k, v in plan.env) or "none")
+    row("script", f"{script.name} ({format_bytes(script.size)}, sha256 {script.sha256[:16]}...)"
+        + (f", args: {' '.join(plan.args)}" if plan.args else ""))
+    for note in script.notes:
+        row("", f"note: {note}")
+    width = len(str(len(script.lines)))
+    for number, line in enumerate(script.lines, 1):
+        err.print(f"    {number:>{width}} | {line}", markup=False, emoji=False, highlight=False, soft_wrap=True)
+    if script.more_lines:
+        err.print(f"    ... and {script.more_lines} more line{'s' if script.more_lines != 1 else ''} "
+                  f"(all of it: tar xzf {plan.bundle} {plan.script_in_bundle})",
+                  markup=False, emoji=False, soft_wrap=True)
+    if plan.masked:
+        row("secrets", f"{', '.join(plan.masked)} were scrubbed by the bundle's author and are '***' here")
+    if plan.bundled is None:
+        row("Dockerfile", "the bundle has none; this lab's re-render of the scenario is built")
+    elif plan.dockerfile_same:
+        row("Dockerfile", "this lab's re-render of the scenario, identical to the bundled one")
+    else:
+        err.print("  [bold yellow]the bundled Dockerfile differs from this lab's re-render of its scenario:[/]")
+        for line in plan.diff:
+            err.print(f"    {line}", markup=False, emoji=False, highlight=False, soft_wrap=True)
+        if plan.diff_cut:
+            err.print(f"    ... and {plan.diff_cut} more diff lines", markup=False, soft_wrap=True)
+        row("Dockerfile", "the bundle's own (--bundled-dockerfile)" if plan.built is Built.BUNDLED
+            else "this lab's re-render is built, not the bundled one")
+    if plan.built is Built.BUNDLED:
+        err.print("[bold red]WARNING:[/] --bundled-dockerfile builds the bundle's own Dockerfile. Whoever made or "
+                  "edited the bundle wrote its RUN steps, and they run NOW, at build time, with network access, "
+                  "this host's proxy settings and its pip settings and CA bundle in the build context, before "
+                  "any of the lab's confinement applies. Read the Dockerfile above before you go on.",
+                  soft_wrap=True)
+
+
+def _confirm_replay(yes: bool) -> bool:
+    """Whether to go on: --yes, no terminal to ask on, or the user's answer (no by default)."""
+    if yes:
+        err.print("--yes: building and running without asking.")
+        return True
+    if not sys.stdin.isatty():
+        err.print("no terminal to ask on (stdin is not a TTY): building and running, as with --yes.")
+        return True
+    try:
+        return typer.confirm("Build this image and run the script?", default=False, err=True)
+    except typer.Abort:
+        return False
 
 
 @command("build-base")

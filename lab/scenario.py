@@ -60,6 +60,7 @@ __all__ = [
     "load_scenario",
     "parse_size",
     "read_yaml",
+    "validate_scenario",
 ]
 
 # The runtime families the loader-log analysis can tell apart (one table, in lab.loader).
@@ -957,29 +958,37 @@ SCENARIOS_DIR: Path = default_scenarios_dir()
 ScenarioDirs = Path | Sequence[Path]
 
 
-def read_yaml(path: Path) -> tuple[Any, dict[_Path, int]]:
+def read_yaml(path: Path, display: str | None = None) -> tuple[Any, dict[_Path, int]]:
     """A scenario file's mapping and the line of each key, read with the loader's limits (size,
-    UTF-8, no anchors or aliases); any problem is a ScenarioError naming the file and line."""
-    file = _display(path)
+    UTF-8, no anchors or aliases); any problem is a ScenarioError naming the file (or `display`)
+    and line."""
+    file = display or _display(path)
     return _compose(_read_text(path, file), file)
 
 
-def _load_file(path: Path) -> Scenario:
-    file = _display(path)
-    data, lines = read_yaml(path)
+def validate_scenario(data: Mapping[str, Any], lines: Mapping[_Path, int], *, source: Path,
+                      base_dir: Path | None = None, display: str | None = None) -> Scenario:
+    """`read_yaml`'s mapping validated as a scenario file is: `script` relative to `base_dir`
+    (default: the file's folder); every error names `display` (default: the file), line and field."""
+    file = display or _display(source)
     if "source" in data:
         message, hint = _unknown_key("source", _allowed_keys(()))
         raise _err(
-            message + " (`source` is set by the loader)", file=file, line=lines[("source",)],
+            message + " (`source` is set by the loader)", file=file, line=lines.get(("source",)),
             field="source", hint="Remove it.",
         )
-    absolute = Path(os.path.abspath(path))
+    absolute = Path(os.path.abspath(source))
     try:
         return Scenario.model_validate(
-            {**data, "source": absolute}, context={"base_dir": absolute.parent}
+            {**data, "source": absolute}, context={"base_dir": base_dir or absolute.parent}
         )
     except ValidationError as exc:
         raise _from_validation(exc, lines, file) from None
+
+
+def _load_file(path: Path) -> Scenario:
+    data, lines = read_yaml(path)
+    return validate_scenario(data, lines, source=path)
 
 
 def _scenario_files(scenarios_dir: Path) -> list[Path]:

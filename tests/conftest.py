@@ -37,9 +37,11 @@ def pytest_collection_modifyitems(config, items):
 
 def run_lab(*args: str, timeout: float = 3000, env: dict | None = None,
             cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run the real `lab` CLI as a user would (from the repository's root unless `cwd`)."""
+    """Run the real `lab` CLI as a user would from a script (from the repository's root unless
+    `cwd`): without a terminal on stdin (so `lab replay` does not ask), whatever terminal pytest
+    itself was started from."""
     return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
 def last_json(stdout: str) -> dict:

@@ -51,6 +51,14 @@ def _round_trip(scenario: str, runs: Path, tmp_path: Path) -> tuple[dict, dict, 
     assert replayed.returncode == 0, replayed.stderr[-3000:]
     result = last_json(replayed.stdout)
     assert "same verdict, same signature" in replayed.stderr
+    # without a terminal it does not ask, but first shows what it builds and runs
+    summary = replayed.stderr[:replayed.stderr.index("no terminal to ask on")]
+    assert f"replay of {bundle}" in summary
+    for row in ("base", "system packages", "pip", "network", "GPU", "environment", "script"):
+        assert f"\n  {row} " in summary, row
+    assert f"torch=={original['torch']}" in summary and "     1 | " in summary
+    assert "this lab's re-render of the scenario, identical to the bundled one" in summary
+    assert result["replay"]["dockerfile_built"] == "rendered"
     return original, result, replayed.stderr
 
 
