@@ -632,7 +632,8 @@ def format_loc(loc: Sequence[Any]) -> str:
         if part in ("finished", "unfinished"):
             continue
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
+    # a key comes from the file: keep the message one line, whatever the key holds
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _show(value: Any, limit: int = 60) -> str:
