@@ -42,7 +42,7 @@ def bare_read(folder: Path) -> None:
 
 
 def child(kind: str, folder: Path) -> None:
-    from lab.loader import find_duplicate_runtimes, parse_dir
+    from lab.analyze.loader import find_duplicate_runtimes, parse_dir
     start = time.perf_counter()
     if kind == "read":
         bare_read(folder)

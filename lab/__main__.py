@@ -1,3 +1,3 @@
-from .cli import app
+from lab.cli import app
 
 app(prog_name="lab")

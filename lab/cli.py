@@ -26,9 +26,9 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
-from . import __version__
-from . import exitcodes as codes
-from .errors import ConfigError, EngineError, LabError, ScenarioError
+from lab import __version__
+from lab.core import exitcodes as codes
+from lab.core.errors import ConfigError, EngineError, LabError, ScenarioError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="A containerized reproduction lab for PyTorch bugs.")
@@ -168,17 +168,17 @@ def _guard(fn: Callable[[], None], check: bool = False) -> None:
 
 def _bad_input(error: LabError) -> bool:
     """Errors about what the user gave (a bundle, a release range), not about the infrastructure."""
-    from .bisect import BisectError
-    from .errors import ResultError
-    from .releases import ReleaseError
-    from .safetar import BundleError
+    from lab.build.releases import ReleaseError
+    from lab.core.errors import ResultError
+    from lab.core.safetar import BundleError
+    from lab.drivers.bisect import BisectError
     return isinstance(error, (BundleError, ReleaseError, BisectError, ResultError))
 
 
 # ----------------------------------------------------------------------------- settings and scenarios
 
 def _settings():
-    from .config import current
+    from lab.core.config import current
     return current()
 
 
@@ -191,7 +191,7 @@ def _scenario_dirs() -> list[Path]:
 
 
 def _load(ref: str):
-    from .scenario import load_scenario
+    from lab.scenario.schema import load_scenario
     return load_scenario(ref, _scenario_dirs())
 
 
@@ -205,7 +205,7 @@ def _arch_for(scenario, arch: str | None) -> str | None:
 
 def _case(ref: str, torch: str | None, arch: str | None, backend: str | None = None,
           sets: list[str] | None = None, mode: str | None = None):
-    from .resolve import resolve
+    from lab.build.resolve import resolve
     scenario = _load(ref)
     return resolve(scenario, torch=torch, arch=_arch_for(scenario, arch), backend=backend,
                    sets=_parse_sets(sets or []), mode=mode)
@@ -257,7 +257,7 @@ class Progress:
 def list_cmd(as_json: JsonOpt = False) -> None:
     """List the scenarios: the project's (scenarios/ found upward, or scenarios_dir), then the shipped ones."""
     def body() -> None:
-        from .scenario import list_scenarios
+        from lab.scenario.schema import list_scenarios
         rows, seen = [], set()
         for folder in _settings().scenario_dirs():
             for item in list_scenarios(folder.path):
@@ -302,7 +302,7 @@ def show(scenario: ScenarioArg) -> None:
 def render(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
     """Print the Dockerfile for a scenario (the build's dry run; the same bytes every time)."""
     def body() -> None:
-        from .render import render_dockerfile
+        from lab.build.render import render_dockerfile
         sys.stdout.write(render_dockerfile(_case(scenario, torch, arch)))
     _guard(body)
 
@@ -311,10 +311,10 @@ def render(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) 
 def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
     """Build the image for a scenario (bootstrapping its base if no registry answers)."""
     def body() -> None:
-        from .build import build_image, check_release
-        from .engine import Engine
-        from .hostpip import discover
-        from .render import plan_build
+        from lab.build.hostpip import discover
+        from lab.build.image import build_image, check_release
+        from lab.build.render import plan_build
+        from lab.engine.docker_engine import Engine
         case = _case(scenario, torch, arch)
         host = discover()
         check_release(case, host)  # before anything is built
@@ -358,12 +358,12 @@ def run(
     verdict: list[str] = []
 
     def body() -> None:
-        from .build import check_release
-        from .engine import Engine
-        from .hostpip import discover
-        from .matrix import expand, select, split_list
-        from .pipeline import run_case, run_limits
-        from .resolve import parse_arch
+        from lab.build.hostpip import discover
+        from lab.build.image import check_release
+        from lab.build.resolve import parse_arch
+        from lab.drivers.matrix import expand, select, split_list
+        from lab.engine.docker_engine import Engine
+        from lab.pipeline import run_case, run_limits
         if ablate and (backend or mode):
             raise ScenarioError("--ablate runs every backend; leave out --backend and --mode.", field="--ablate")
         versions = split_list(torch, "--torch")
@@ -406,8 +406,8 @@ def run(
 
 
 def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
-    from .matrix import matrix_result, run_matrix
-    from .pipeline import run_case
+    from lab.drivers.matrix import matrix_result, run_matrix
+    from lab.pipeline import run_case
 
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "") + ":")
     for c in cases:
@@ -439,7 +439,7 @@ def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, op
 
 
 def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
-    from .ablate import run_ablation
+    from lab.drivers.ablate import run_ablation
     with Progress() as progress:
         ablation = run_ablation(case, engine, host, runs_root, progress)
     folder, steps, conclusion = ablation.folder, ablation.steps, ablation.conclusion
@@ -484,10 +484,10 @@ def bisect_cmd(
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix)."""
     def body() -> None:
-        from .bisect_run import run_bisect
-        from .engine import Engine
-        from .hostpip import discover
-        from .scenario import check_version
+        from lab.build.hostpip import discover
+        from lab.drivers.bisect_run import run_bisect
+        from lab.engine.docker_engine import Engine
+        from lab.scenario.schema import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         loaded = _load(scenario)
         runs_root = _runs_root(out_dir)
@@ -538,8 +538,8 @@ def bundle_cmd(
 ) -> None:
     """Pack a run folder into one .tar.gz to attach to an upstream issue (secrets scrubbed), or --inspect one."""
     def body() -> None:
-        from .bundle import inspect_bundle, write_bundle
-        from .records import format_bytes
+        from lab.bundle.archive import inspect_bundle, write_bundle
+        from lab.core.records import format_bytes
         if inspect:
             manifest = inspect_bundle(path)
             if as_json:
@@ -591,9 +591,9 @@ def replay_cmd(
     """Check a bundle, show what it would build and run, ask, then rebuild it with this lab's templates,
     rerun it and compare the verdict and evidence with the bundled ones. Exit 4 when you decline."""
     def body() -> None:
-        from .engine import Engine
-        from .hostpip import discover
-        from .replay import discard_replay, execute_replay, prepare_replay
+        from lab.build.hostpip import discover
+        from lab.bundle.replay import discard_replay, execute_replay, prepare_replay
+        from lab.engine.docker_engine import Engine
         runs_root = _runs_root(out_dir)
         engine = Engine.connect()
         plan = prepare_replay(bundle, runs_root, engine.arch, allow_network=allow_network,
@@ -629,8 +629,8 @@ def replay_cmd(
 
 def _show_replay_plan(plan) -> None:
     """What a replay will build and run, on stderr, before anything happens."""
-    from .records import format_bytes
-    from .replay import Built
+    from lab.bundle.replay import Built
+    from lab.core.records import format_bytes
     m, case, script = plan.manifest, plan.case, plan.script
 
     def row(name: str, value: str) -> None:
@@ -706,10 +706,10 @@ def build_base(
 ) -> None:
     """Make sure a base image is on the engine (present, pulled, or bootstrapped); print its tag."""
     def body() -> None:
-        from .base import ensure_base
-        from .engine import Engine
-        from .resolve import parse_arch
-        from .scenario import Arch
+        from lab.build.base import ensure_base
+        from lab.build.resolve import parse_arch
+        from lab.engine.docker_engine import Engine
+        from lab.scenario.schema import Arch
         default = _settings().default_arch
         chosen = Arch(parse_arch(arch) or (default.value if default else "amd64"))
         with Progress() as progress:
@@ -723,7 +723,7 @@ def build_base(
 def doctor(as_json: JsonOpt = False) -> None:
     """Check the engine, arm64 emulation, the GPU runtime, disk space and the CA bundle."""
     def body() -> None:
-        from .doctor import run_checks
+        from lab.doctor import run_checks
         checks = run_checks(_settings().runs_dir)
         if as_json:
             out.print(json.dumps({"checks": [asdict(c) for c in checks]}), markup=False)
@@ -742,7 +742,7 @@ def doctor(as_json: JsonOpt = False) -> None:
 def clean() -> None:
     """Remove every container and image the lab created (and only those)."""
     def body() -> None:
-        from .engine import Engine
+        from lab.engine.docker_engine import Engine
         containers, images = Engine.connect().remove_managed()
         err.print(f"removed {containers} containers and {images} images labelled by the lab")
     _guard(body)
@@ -757,7 +757,7 @@ def schema_cmd(
 ) -> None:
     """Print (or write) the JSON Schemas of result.json, the --json outputs and the bundle manifest."""
     def body() -> None:
-        from .schemas import json_schema, names, render, write_schemas
+        from lab.schemas import json_schema, names, render, write_schemas
         if out_dir is not None:
             for path in write_schemas(out_dir, [name] if name else None):
                 out.print(str(path), markup=False)

@@ -7,9 +7,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EngineError
-from .hostpip import discover
-from .resolve import host_arch
+from lab.build.hostpip import discover
+from lab.build.resolve import host_arch
+from lab.core.errors import EngineError
 
 MIN_FREE_GIB = 20
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
@@ -29,7 +29,7 @@ def run_checks(runs_root: Path) -> list[Check]:
 
 
 def _engine():
-    from .engine import Engine
+    from lab.engine.docker_engine import Engine
     try:
         engine = Engine.connect()
     except EngineError as err:
@@ -70,8 +70,8 @@ def _binfmt(engine) -> Check:
 
 def _binfmt_through_engine(engine) -> Check:
     """Inside a container binfmt_misc is not visible: ask the engine to run an arm64 image."""
-    from .base import bootstrap_tag
-    from .scenario import Arch
+    from lab.build.base import bootstrap_tag
+    from lab.scenario.schema import Arch
     tag = bootstrap_tag("bookworm", Arch.ARM64)
     if engine is None or not engine.image_id(tag, Arch.ARM64):
         return Check("arm64 emulation", "warn",

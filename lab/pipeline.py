@@ -7,18 +7,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from . import report
-from .analyze import analyze, read_text
-from .build import build_image
-from .dynamo import Diagnostics, load_diagnostics
-from .engine import Engine
-from .errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
-from .hostpip import HostPip
-from .judge import Judgement, build_failed, judge
-from .records import Events, RawRun, RunLimits, no_events
-from .render import RUNNER_IN_IMAGE, BuildPlan, plan_build
-from .resolve import Case
-from .results import RunResult
+from lab.analyze.dynamo import Diagnostics, load_diagnostics
+from lab.analyze.evidence import analyze, read_text
+from lab.analyze.judge import Judgement, build_failed, judge
+from lab.build.hostpip import HostPip
+from lab.build.image import build_image
+from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build
+from lab.build.resolve import Case
+from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
+from lab.core.records import Events, RawRun, RunLimits, no_events
+from lab.core.results import RunResult
+from lab.engine.docker_engine import Engine
+from lab.report import run_folder as report
 
 LD_DEBUG = "libs,files"
 # Files the lab writes into diagnose/ itself: a diagnose run's /out may not bring them.

@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from .bundle import Manifest
-from .errors import ScenarioError
-from .results import RUN_FILE, SCHEMA_VERSION, AblationResult, BisectResult, EvidenceRecord, MatrixResult
+from lab.bundle.archive import Manifest
+from lab.core.errors import ScenarioError
+from lab.core.results import RUN_FILE, SCHEMA_VERSION, AblationResult, BisectResult, EvidenceRecord, MatrixResult
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

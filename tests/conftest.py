@@ -53,7 +53,7 @@ def last_json(stdout: str) -> dict:
 def tiny_scenario(folder: Path, body: str):
     """Load a throwaway scenario: `name`, `torch`, `arch`, `base` and `expect` come from `body`,
     with `script: s.py` (an empty script) added."""
-    from lab.scenario import load_scenario
+    from lab.scenario.schema import load_scenario
     (folder / "s.py").write_text("")
     path = folder / "tiny.yaml"
     path.write_text(body + "script: s.py\n")
@@ -62,7 +62,7 @@ def tiny_scenario(folder: Path, body: str):
 
 def fake_result(case, verdict, run_dir, *, reason: str = "", summary=(), image=None, **fields):
     """A RunResult as lab.pipeline.run_case returns it, for the unit tests' fake runners."""
-    from lab.results import EngineRef, RunEvidence, RunResult, Verdict
+    from lab.core.results import EngineRef, RunEvidence, RunResult, Verdict
     values = dict(scenario=case.scenario.name, case=case.name, torch=case.torch, arch=case.arch.value,
                   backend=case.backend, mode=case.mode, emulated=case.arch.value != "amd64",
                   verdict=Verdict(verdict), reason=reason or f"{verdict} at {case.torch}", summary=tuple(summary),

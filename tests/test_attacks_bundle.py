@@ -28,7 +28,7 @@ import docker
 import pytest
 import yaml
 
-from .conftest import LAB, ROOT, last_json, run_lab
+from tests.conftest import LAB, ROOT, last_json, run_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 

@@ -22,13 +22,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lab.errors import ScenarioError
-from lab.render import dockerfile_fields, render_dockerfile, render_template, template_environment, template_for
-from lab.resolve import resolve
-from lab.scenario import load_scenario
-
-from .conftest import DATA, ROOT, SCENARIOS, run_lab, tiny_scenario
-from .test_cli import assert_one_paragraph_error
+from lab.build.render import dockerfile_fields, render_dockerfile, render_template, template_environment, template_for
+from lab.build.resolve import resolve
+from lab.core.errors import ScenarioError
+from lab.scenario.schema import load_scenario
+from tests.conftest import DATA, ROOT, SCENARIOS, run_lab, tiny_scenario
+from tests.test_cli import assert_one_paragraph_error
 
 INJECTION = '2.9.0"\nRUN echo INJECTED\nLABEL x="'
 HOSTILE = [
@@ -230,9 +229,9 @@ def test_a_release_that_does_not_exist_is_refused_before_anything_is_built(comma
 
 
 def test_a_public_version_finds_its_local_build_and_render_needs_no_index(local_index, tmp_path):
-    from lab.build import check_release
-    from lab.hostpip import HostPip
-    from lab.releases import ReleaseError
+    from lab.build.hostpip import HostPip
+    from lab.build.image import check_release
+    from lab.build.releases import ReleaseError
     host = HostPip(index_url=local_index["PIP_INDEX_URL"])
     check_release(resolve(load_scenario("libgomp-amd64", SCENARIOS), torch="2.13.0"), host)  # pip's == matches +cpu
     check_release(resolve(load_scenario("libgomp-amd64", SCENARIOS), torch="2.5.1"), host)
@@ -333,7 +332,7 @@ def test_set_vars_env_and_args_never_reach_the_dockerfile(value, tmp_path):
 
 @pytest.mark.docker
 def test_a_bundle_whose_resolved_torch_is_hostile_is_refused_before_a_build(tmp_path):
-    from lab.bundle import write_bundle
+    from lab.bundle.archive import write_bundle
     run = tmp_path / "run"
     shutil.copytree(next((DATA / "run-folders").iterdir()), run)
     data = yaml.safe_load((run / "scenario.yaml").read_text())

@@ -22,7 +22,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from .conftest import last_json, run_lab
+from tests.conftest import last_json, run_lab
 
 HEADER = ("torch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\nsystem_packages: [g++, python3-dev]\n"
           "pip: [numpy]\n")

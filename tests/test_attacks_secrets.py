@@ -31,7 +31,7 @@ from socketserver import StreamRequestHandler, ThreadingTCPServer
 import docker
 import pytest
 
-from .conftest import last_json, run_lab
+from tests.conftest import last_json, run_lab
 
 INDEX_USER, INDEX_TOKEN = "indexuser", f"PLANTEDTOKEN{uuid.uuid4().hex[:8]}"
 PROXY_USER, PROXY_PASSWORD = "proxyuser", f"PROXYSECRET{uuid.uuid4().hex[:8]}"

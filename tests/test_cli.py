@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, last_json, run_lab
+from tests.conftest import ROOT, last_json, run_lab
 
 
 def assert_one_paragraph_error(proc, *needles: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from .conftest import DATA, ROOT, last_json, run_lab
+from tests.conftest import DATA, ROOT, last_json, run_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import last_json, run_lab
+from tests.conftest import last_json, run_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.timeout(3600)]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import last_json, run_lab
+from tests.conftest import last_json, run_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 

@@ -27,9 +27,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lab.bundle import BundleError, inspect_bundle, open_bundle, parse_manifest, validate_manifest
-from lab.errors import ScenarioError
-from lab.scenario import Scenario, load_scenario
+from lab.bundle.archive import BundleError, inspect_bundle, open_bundle, parse_manifest, validate_manifest
+from lab.core.errors import ScenarioError
+from lab.scenario.schema import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))

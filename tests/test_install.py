@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, last_json, run_lab
+from tests.conftest import ROOT, last_json, run_lab
 
 UV = Path(sys.executable).parent / "uv"
 pytestmark = pytest.mark.timeout(900)

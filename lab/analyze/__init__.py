@@ -1,0 +1,1 @@
+"""Stage 4: RawRun -> Evidence -> Verdict (loader log, tracebacks, Dynamo diagnostics, judge)."""

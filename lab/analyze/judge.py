@@ -1,0 +1,94 @@
+"""Evidence + scenario.expect -> Verdict.
+
+Infrastructure failures (a build that failed, an emulator that crashed, a
+container killed for memory or for filling /out, torch that does not import) are `error`, never
+`not_reproduced`: they say nothing about the bug. Otherwise the case is
+`reproduced` when every expectation holds, like `check_str` in Dynamo's minifier:
+a different crash is not a reproduction.
+"""
+
+from __future__ import annotations
+
+from lab.analyze.evidence import Evidence
+from lab.core.records import STOPPED_OUT_FULL
+from lab.core.results import Check, Judgement, Verdict
+from lab.scenario.schema import Expect
+
+__all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge"]
+
+_BROKEN_ENV = ("No module named 'torch'", "libtorch", "GLIBC_")
+
+
+def _judgement(verdict: Verdict, reason: str, checks: tuple[Check, ...] = ()) -> Judgement:
+    return Judgement(verdict=verdict, reason=reason, checks=checks)
+
+
+def _check(key: str, expected: str, observed: str, held: bool) -> Check:
+    return Check(key=key, expected=expected, observed=observed, held=held)
+
+
+def build_failed(message: str) -> Judgement:
+    return Judgement(verdict=Verdict.ERROR, reason=f"the image build failed: {message}")
+
+
+def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=None) -> Judgement:
+    """`diagnostics` (lab.dynamo.Diagnostics) is needed only for `graph_breaks`."""
+    checks = tuple(_checks(ev, expect, stdout, stderr, diagnostics))
+    if ev.timed_out:
+        return _judgement(Verdict.TIMEOUT, f"killed after {ev.duration_s:.0f} s: the run timed out", checks)
+    if ev.emulator_crash and not all(c.held for c in checks):
+        return _judgement(Verdict.ERROR, "crashed under emulation; confirm on native arm64", checks)
+    if ev.oom_killed and not all(c.held for c in checks):
+        return _judgement(Verdict.ERROR, ev.oom_words, checks)
+    if ev.stopped_for == STOPPED_OUT_FULL and not all(c.held for c in checks):
+        return _judgement(Verdict.ERROR, ev.out_full_words, checks)
+    broken = _broken_environment(ev)
+    if broken and not all(c.held for c in checks):
+        return _judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
+    if expect.graph_breaks is not None and (diagnostics is None or diagnostics.graph_break_count is None):
+        return _judgement(Verdict.ERROR, "graph_breaks needs torch._dynamo.explain's count, and the "
+                                        "diagnose step gave none (see diagnose/stderr.txt)", checks)
+    failed = [c for c in checks if not c.held]
+    if not failed:
+        return _judgement(Verdict.REPRODUCED, "every expectation held: " +
+                         "; ".join(f"{c.key} ({c.observed})" for c in checks), checks)
+    return _judgement(Verdict.NOT_REPRODUCED, "; ".join(
+        f"{c.key}: expected {c.expected}, observed {c.observed}" for c in failed), checks)
+
+
+def _broken_environment(ev: Evidence) -> str | None:
+    exc = ev.exception
+    if exc and exc.type in ("ModuleNotFoundError", "ImportError") and \
+            any(marker in exc.message for marker in _BROKEN_ENV):
+        return exc.headline
+    return None
+
+
+def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics):
+    if expect.duplicate_runtime is not None:
+        dups = [d for d in ev.duplicate_runtimes if d.family == expect.duplicate_runtime]
+        observed = (f"{len(dups[0].paths)} files in pid {dups[0].pid}" if dups
+                    else f"one or no {expect.duplicate_runtime} per process "
+                         f"({ev.processes} processes logged)")
+        yield _check("duplicate_runtime", f"two or more {expect.duplicate_runtime}", observed, bool(dups))
+    if expect.traceback_contains is not None:
+        texts = [f"{e.type}: {e.message}" for e in ev.exceptions]
+        held = any(expect.traceback_contains in t for t in texts)
+        last = ev.exception
+        observed = "no exception" if last is None else last.headline[:200]
+        yield _check("traceback_contains", repr(expect.traceback_contains), observed, held)
+    if expect.stdout_contains is not None:
+        held = expect.stdout_contains in stdout
+        yield _check("stdout_contains", repr(expect.stdout_contains),
+                    "found" if held else "not found", held)
+    if expect.stderr_contains is not None:
+        held = expect.stderr_contains in stderr
+        yield _check("stderr_contains", repr(expect.stderr_contains),
+                    "found" if held else "not found", held)
+    if expect.graph_breaks is not None:
+        count = diagnostics.graph_break_count if diagnostics is not None else None
+        observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
+        yield _check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
+    if expect.exit_code is not None:
+        observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
+        yield _check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)

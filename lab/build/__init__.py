@@ -1,0 +1,1 @@
+"""Stage 2: Scenario -> Case -> BuildPlan -> image (resolve, render, cross-install, base images, releases)."""

@@ -1,0 +1,140 @@
+"""BuildPlan -> image: ensure the base, then build unless the content-addressed tag exists.
+
+Before anything is built, `check_release` refuses a torch version that the host's package
+sources do not have for the case. During a build, the host's pip credentials reach the pip step
+through a one-shot server (lab.buildsecret), never through the context, and the build log that
+goes into the run folder has every credential and secret value taken out (lab.scrub).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+from packaging.version import Version
+
+from lab.build import releases
+from lab.build.base import ensure_base
+from lab.build.buildsecret import serve_once
+from lab.build.hostpip import HostPip
+from lab.build.render import IMAGE_REPO, BuildPlan, image_pip_conf, render_dockerfile, write_context
+from lab.build.resolve import Case
+from lab.core.errors import BuildError
+from lab.core.records import BuiltImage, Events, no_events
+from lab.core.scrub import redact_secrets, strip_url_credentials
+from lab.engine.docker_engine import Engine
+
+PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
+
+
+def image_tag(plan: BuildPlan, base_id: str) -> str:
+    """Content-addressed: the context (Dockerfile included) and the exact base image."""
+    digest = hashlib.sha256(f"{plan.digest}\n{base_id}".encode()).hexdigest()
+    return f"{IMAGE_REPO}:{plan.case.scenario.name}-{digest[:16]}"
+
+
+def check_release(case: Case, host: HostPip, events: Events = no_events) -> None:
+    """Refuse, before anything is built, a torch version that no source of the host's pip has a
+    wheel of for the case's arch and Python (the release lists lab.releases reads and caches for a
+    day; a miss reads them again). `torch==2.13.0` is there when only `2.13.0+cpu` is, as pip
+    matches it. When the base's Python is unknown, or an index cannot be read, the check is
+    skipped and the build decides."""
+    python = case.python
+    if python is None:
+        events("build", f"not checking that torch {case.torch} exists: the lab does not know the Python "
+                        f"of {case.scenario.base}")
+        return
+    try:
+        found = _releases(case, host, python, refresh=False)
+        if not _published(found, case.torch):
+            found = _releases(case, host, python, refresh=True)
+    except releases.IndexUnreachableError as exc:
+        events("build", f"could not check that torch {case.torch} exists ({exc.message}); building anyway")
+        return
+    if _published(found, case.torch):
+        return
+    target = Version(case.torch)
+    nearest = [v for v in found if Version(v) < target][-1:] + [v for v in found if Version(v) > target][:1]
+    where = ", ".join(strip_url_credentials(url) for _, url in releases.sources(host))
+    raise releases.ReleaseError(
+        f"torch {case.torch} has no {releases.describe(python, case.arch)} on the host's package sources "
+        f"({where}), so there is nothing to build for {case.name}"
+        + (f"; the nearest {'releases are' if len(nearest) > 1 else 'release is'} {' and '.join(nearest)}."
+           if nearest else "; they have no torch wheel for it at all."),
+        hint="Choose a release that exists (`lab bisect --from/--to` lists the candidates), or add the index "
+             "or find-links folder that has this build to the host's pip settings.")
+
+
+def _releases(case: Case, host: HostPip, python: str, refresh: bool) -> list[str]:
+    return releases.candidates("torch", host=host, python=python, arch=case.arch, include_pre=True,
+                               refresh=refresh)
+
+
+def _published(found: list[str], wanted: str) -> bool:
+    """Whether pip's `torch==wanted` finds one of `found` (a public version matches its local builds)."""
+    target = Version(wanted)
+    return any(Version(v) == target or (not target.local and Version(v).public == target.public)
+               for v in found)
+
+
+def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events = no_events,
+                log_path: Path | None = None) -> BuiltImage:
+    """Ensure the base, then build the case image unless its content-addressed tag exists."""
+    case = plan.case
+    base = ensure_base(engine, case.scenario.base, case.arch, events)
+    tag = image_tag(plan, base.image_id)
+    existing = engine.image_id(tag)
+    if existing:
+        events("build", f"image {tag} is cached")
+        if log_path:
+            log_path.write_text(f"cached: {tag} ({existing})\n")
+        return BuiltImage(tag, existing, base, cached=True, build_seconds=0.0)
+    events("build", f"building {tag} for {case.arch.platform}")
+    started = time.monotonic()
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        events("build", line)
+
+    try:
+        with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
+            image_id = engine.build(partial(write_context, plan.files), case.arch, base.ref, tag,
+                                    {**dict(host.proxies), **extra_args}, on_line, network_mode=network_mode)
+    except BuildError as exc:
+        raise BuildError(redact_secrets(exc.message), log=redact_secrets(exc.log),
+                         hint=redact_secrets(exc.hint) if exc.hint else None) from None
+    finally:
+        if log_path:
+            log_path.write_text(redact_secrets("\n".join(lines) + "\n"))
+    return BuiltImage(tag, image_id, base, cached=False, build_seconds=time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def _pip_credentials(plan: BuildPlan, engine: Engine, host: HostPip,
+                     events: Events) -> Iterator[tuple[dict[str, str], str | None]]:
+    """(extra build args, network mode) for this build: the one-shot pip.conf URL and the host's
+    network when the host's indexes need credentials, else nothing. Credentials go only to a
+    Dockerfile this lab rendered for the case (never to a bundle's own), and only to a local engine
+    (a remote one cannot reach the host's loopback)."""
+    if not host.has_credentials:
+        yield {}, None
+        return
+    if plan.dockerfile != render_dockerfile(plan.case):
+        events("build", "the host's index credentials are not passed to a Dockerfile the lab did not "
+                        "render; pip in this build sees the indexes without them")
+        yield {}, None
+        return
+    if not engine.is_local:
+        events("build", "the engine is remote, so it cannot fetch the host's index credentials; pip in "
+                        "this build sees the indexes without them")
+        yield {}, None
+        return
+    with serve_once(image_pip_conf(host, credentials=True).encode()) as shot:
+        events("build", "the host's index credentials reach the pip step through a one-shot URL on "
+                        "127.0.0.1 (the build uses the host's network); no layer keeps them")
+        yield {PIP_CONF_URL_ARG: shot.url}, "host"

@@ -1,0 +1,347 @@
+"""Case -> BuildPlan: the Dockerfile rendered from dockerfiles/ and a byte-stable build context.
+
+The Dockerfile depends only on the case, never on the host, so `lab render` prints
+the same bytes everywhere. Host specifics (CA bundle, pip settings, local wheels, and the
+venv tree cross-installed on the host, `site/`) travel as context files; the plan's digest
+covers them, so a change rebuilds. The site tree can be gigabytes: its digest is computed once,
+when its cache entry is made (lab.crossinstall), and only mixed in here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import re
+import shlex
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import jinja2
+
+from lab import __version__
+from lab.build.crossinstall import VENV_IN_IMAGE, Installer, Site, install_with_uv, no_site, prepare_site, walk_tree
+from lab.build.hostpip import HostPip, local_wheels
+from lab.build.resolve import Case
+from lab.core import config
+from lab.core.errors import ScenarioError
+from lab.core.records import Events, no_events
+from lab.core.resources import RUNNER_NAME, runner_source, template_loader
+from lab.scenario.schema import CONTROL_CHARS, is_debian_package
+
+BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
+CA_IN_IMAGE = "/etc/lab/ca.crt"
+WHEELS_IN_IMAGE = "/lab/wheels"
+IMAGE_REPO = "torch-repro-lab/case"
+RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
+WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
+SITE_DIR = "site"
+CONTEXT_FORMAT = 2  # part of the plan digest: bump when the context's layout changes
+
+
+@dataclass(frozen=True, slots=True)
+class ContextFile:
+    """One file of the build context: its path inside the context and its bytes or host source."""
+
+    arcname: str
+    data: bytes | None = None
+    source: Path | None = None
+
+    def size(self) -> int:
+        return len(self.data) if self.data is not None else self.source.stat().st_size  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextTree:
+    """A folder of the build context whose digest is already known (the cross-installed venv).
+
+    The tar still gets every entry, sorted, with normalised metadata; only the hashing is
+    skipped. `root` None is an empty folder."""
+
+    arcname: str
+    root: Path | None
+    digest: str
+    total_size: int = 0
+
+    def size(self) -> int:
+        return self.total_size
+
+
+ContextEntry = ContextFile | ContextTree
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    case: Case
+    dockerfile: str
+    files: tuple[ContextEntry, ...]
+    digest: str  # sha256 over every context file's content and the site tree's digest
+    site: Site | None = None  # what was cross-installed on the host into site/
+    host_wheels: tuple[Path, ...] = ()  # local wheels pip in the image needs when site/ is empty
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the user should know about this build (requirements left to pip in the image)."""
+        return self.site.notes if self.site else ()
+
+    @property
+    def platform(self) -> str:
+        return self.case.arch.platform
+
+    @property
+    def tag(self) -> str:
+        return f"{IMAGE_REPO}:{self.case.scenario.name}-{self.digest[:16]}"
+
+    def context_size(self) -> int:
+        return sum(f.size() for f in self.files)
+
+
+# --- the Dockerfile: no input reaches it raw ---------------------------------------------------
+# Each value is checked here (no line break or control character anywhere; Debian package names
+# only), then quoted by the template for where it lands: `shquote` for shell words, `label` for
+# LABEL values, `word` for ARG values, `json` for CMD's array. A `finalize` hook refuses a line
+# break in whatever an expression gives, so a template field added later cannot add an
+# instruction either. Honest values come out unchanged by every quoting filter.
+
+# Where each template field comes from, for error messages.
+FIELD_SOURCES = {
+    "case_name": "case", "scenario_file": "file name", "scenario_name": "name",
+    "platform": "arch", "base": "base", "torch": "torch", "arch": "arch",
+    "system_packages": "system_packages", "requirements": "pip", "script": "script",
+}
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.:/@+=,-]+")
+
+
+def dockerfile_quote(value: object) -> str:
+    """A double-quoted Dockerfile word (LABEL and ARG values): `\\`, `"` and `$` escaped, so
+    the engine reads back exactly `value` and substitutes no variable."""
+    text = str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def dockerfile_word(value: object) -> str:
+    """`value` as one Dockerfile word: as it is when it is plain (an image reference), quoted otherwise."""
+    text = str(value)
+    return text if _PLAIN_WORD.fullmatch(text) else dockerfile_quote(text)
+
+
+def _refuse_line_breaks(value: object) -> object:
+    """Jinja's `finalize`: the last check on every `{{ ... }}` before it is written."""
+    if value is not None and CONTROL_CHARS.search(str(value)):
+        raise ScenarioError(f"a value for the Dockerfile holds a line break or another control character "
+                            f"({_short(value)}); the lab refuses to render it.")
+    return value
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(str(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@functools.lru_cache(maxsize=1)
+def template_environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=template_loader(config.current().templates_dir),  # package data, or templates_dir
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+        finalize=_refuse_line_breaks,
+    )
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    env.filters["json"] = json.dumps
+    env.filters["label"] = dockerfile_quote
+    env.filters["word"] = dockerfile_word
+    return env
+
+
+def template_for(case: Case) -> str:
+    return "cuda.Dockerfile.j2" if case.scenario.gpu else "debian.Dockerfile.j2"
+
+
+def dockerfile_fields(case: Case) -> dict[str, object]:
+    """What the template is filled with, taken from the case."""
+    scenario = case.scenario
+    return dict(
+        case_name=case.name,
+        lab_version=__version__,
+        scenario_file=scenario.source.name if scenario.source else "(no file)",
+        scenario_name=scenario.name,
+        platform=case.arch.platform,
+        base=scenario.base,
+        torch=case.torch,
+        arch=case.arch.value,
+        system_packages=sorted(set(BASE_PACKAGES) | set(scenario.system_packages)),
+        requirements=case.requirements,
+        script=scenario.script.name,
+        venv=VENV_IN_IMAGE,
+    )
+
+
+def check_fields(fields: dict[str, object], file: str | None = None) -> None:
+    """Refuse a field that no quoting makes safe: a line break or control character in any text,
+    or a system package that is not a Debian package name. The error names the field."""
+    for name, value in fields.items():
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        for item in items:
+            text = str(item)
+            if CONTROL_CHARS.search(text) and name == "scenario_file":  # then `file` holds it too
+                raise ScenarioError(
+                    f"the scenario file's name {_short(text)} holds a line break or another control "
+                    "character, which would change the Dockerfile's instructions.", hint="Rename the file.")
+            if CONTROL_CHARS.search(text):
+                raise ScenarioError(
+                    f"{_short(text)} holds a line break or another control character, which would "
+                    "change the Dockerfile's instructions.", file=file, field=FIELD_SOURCES.get(name, name),
+                    hint="Rename the file." if name == "script" else "Remove it.")
+            if name == "system_packages" and not is_debian_package(text):
+                raise ScenarioError(f"{_short(text)} is not a Debian package name.", file=file,
+                                    field="system_packages")
+
+
+def render_template(template: str, fields: dict[str, object], file: str | None = None) -> str:
+    """Check the fields, then render `template` with them."""
+    check_fields(fields, file)
+    return template_environment().get_template(template).render(**fields)
+
+
+def render_dockerfile(case: Case) -> str:
+    """The Dockerfile for `case`: deterministic, the same bytes for the same case."""
+    source = str(case.scenario.source) if case.scenario.source else None
+    return render_template(template_for(case), dockerfile_fields(case), source)
+
+
+def image_pip_conf(host: HostPip, *, credentials: bool = False) -> str:
+    """The pip.conf of the image (/etc/lab/pip.conf) and the run folder: the host's index URLs
+    without their credentials. With `credentials`, the full one a build fetches and deletes in
+    its pip step (lab.buildsecret); it never goes into a context, an image or a file."""
+    ca = host.ca_bundle is not None and host.ca_bundle.stat().st_size > 0
+    return host.pip_conf(CA_IN_IMAGE if ca else None, WHEELS_IN_IMAGE, credentials=credentials)
+
+
+def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None = None) -> tuple[ContextEntry, ...]:
+    """The build context. Local wheels travel only for what pip in the image must install."""
+    site = site or no_site(case, "cross-install not requested")
+    ca = host.ca_bundle.read_bytes() if host.ca_bundle else b""
+    files: list[ContextEntry] = [
+        ContextFile("Dockerfile", dockerfile.encode()),
+        ContextFile("lab/ca.crt", ca),
+        ContextFile("lab/pip.conf", image_pip_conf(host).encode()),
+        ContextFile("repro/" + case.scenario.script.name, source=case.scenario.script),
+        ContextFile("tools/" + RUNNER_NAME, runner_source()),  # lab/probe/lab_run.py, package data
+        ContextFile("wheels/README", WHEELS_README),
+        ContextTree(SITE_DIR, site.root, site.digest, site.size),
+    ]
+    files += [ContextFile("wheels/" + w.name, source=w)
+              for w in local_wheels(host, site.in_image(case.requirements), case.wheel_tags)]
+    return tuple(sorted(files, key=lambda f: f.arcname))
+
+
+def site_readme(plan: BuildPlan) -> str:
+    """site/README.md of a run folder, where the lab leaves site/ empty."""
+    site, case = plan.site, plan.case
+    lines = ["# site/: the venv's packages, installed on the host", "",
+             f"The Dockerfile copies this folder into {VENV_IN_IMAGE} before its `pip install`.",
+             "The lab fills it from the host: it cross-installs the case's requirements",
+             f"({' '.join(case.requirements)}) with uv for the image's platform and Python, so that pip",
+             "in the image finds them satisfied and nothing heavy runs under emulation.", "",
+             "Here it is left empty (it can be gigabytes). Then `docker build .` installs everything",
+             "with pip inside the image: the same requirements, only slower under QEMU.", ""]
+    if site is not None and site.root is not None:
+        lines += ["For this run the lab used the tree below; to build with it, copy it here",
+                  f"(`cp -a {site.root}/. {SITE_DIR}/`) and delete this README.", "",
+                  "```", site.lock_text.rstrip(), "```"]
+    else:
+        lines += [f"For this run nothing was cross-installed: {'; '.join(plan.notes) or 'no reason given'}."]
+    return "\n".join(lines) + "\n"
+
+
+def context_digest(files: tuple[ContextEntry, ...]) -> str:
+    """The plan's identity: each file's path and content, each tree's path and stored digest."""
+    sha = hashlib.sha256(f"torch-repro-lab context v{CONTEXT_FORMAT}\n".encode())
+    for f in sorted(files, key=lambda f: f.arcname):
+        if isinstance(f, ContextTree):
+            sha.update(f"tree\0{f.arcname}\0{f.digest}\n".encode())
+        else:
+            sha.update(f"file\0{f.arcname}\0{f.size()}\0{_content_sha256(f)}\n".encode())
+    return sha.hexdigest()
+
+
+def _content_sha256(f: ContextFile) -> str:
+    if f.data is not None:
+        return hashlib.sha256(f.data).hexdigest()
+    sha = hashlib.sha256()
+    with f.source.open("rb") as fh:  # type: ignore[union-attr]
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def write_context(files: tuple[ContextEntry, ...], out: BinaryIO) -> str:
+    """Write the context as a tar with sorted entries and normalised metadata (owner root,
+    mtime 0, mode 0644 or 0755); return the tar's sha256."""
+    hasher = _HashingWriter(out)
+    with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for f in files:
+            if isinstance(f, ContextTree):
+                _add_tree(tar, f)
+                continue
+            info = _info(f.arcname, tarfile.REGTYPE, 0o644, f.size())
+            if f.data is not None:
+                tar.addfile(info, io.BytesIO(f.data))
+            else:
+                with f.source.open("rb") as fh:  # type: ignore[union-attr]
+                    tar.addfile(info, fh)
+    return hasher.hexdigest()
+
+
+def _info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
+    tar.addfile(_info(tree.arcname, tarfile.DIRTYPE, 0o755))
+    if tree.root is None:
+        return
+    for e in walk_tree(tree.root):
+        name = f"{tree.arcname}/{e.path}"
+        if e.kind == "dir":
+            tar.addfile(_info(name, tarfile.DIRTYPE, e.mode))
+        elif e.kind == "symlink":
+            tar.addfile(_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
+        else:
+            with e.source.open("rb") as fh:
+                tar.addfile(_info(name, tarfile.REGTYPE, e.mode, e.size), fh)
+
+
+class _HashingWriter(io.RawIOBase):
+    def __init__(self, out: BinaryIO) -> None:
+        self._out, self._sha = out, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        self._sha.update(b)
+        return self._out.write(b)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+def plan_build(case: Case, host: HostPip, events: Events = no_events,
+               installer: Installer | None = install_with_uv) -> BuildPlan:
+    """The Dockerfile and the context, with the requirements cross-installed on the host into
+    site/ (from the lab's cache when there). `installer=None` leaves all of it to pip in the image."""
+    dockerfile = render_dockerfile(case)
+    site = (no_site(case, "cross-install not requested") if installer is None else
+            prepare_site(case, host, events, installer))
+    files = context_files(case, dockerfile, host, site)
+    return BuildPlan(case=case, dockerfile=dockerfile, files=files, digest=context_digest(files), site=site,
+                     host_wheels=tuple(local_wheels(host, case.requirements, case.wheel_tags)))

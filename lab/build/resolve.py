@@ -1,0 +1,163 @@
+"""Scenario -> Case: pick one torch version, one architecture and one backend."""
+
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+
+from lab.core.errors import ScenarioError
+from lab.scenario.schema import Arch, Scenario, check_version
+
+BACKENDS = ("eager", "aot_eager", "inductor")
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+# What each base distribution ships: its python3 (what `apt-get install python3` gives) and its
+# glibc (wheels tagged up to manylinux_2_<N> load there).
+_BASES = (
+    (re.compile(r"debian:(bookworm|12)"), "3.11", (2, 36)),
+    (re.compile(r"debian:(trixie|13)"), "3.13", (2, 41)),
+    (re.compile(r"debian:(bullseye|11)"), "3.9", (2, 31)),
+    (re.compile(r"ubuntu:?(22\.04|jammy)"), "3.10", (2, 35)),
+    (re.compile(r"ubuntu:?(24\.04|noble)"), "3.12", (2, 39)),
+    (re.compile(r"ubuntu:?(20\.04|focal)"), "3.8", (2, 31)),
+)
+DEFAULT_GLIBC = (2, 28)
+
+
+def base_python(base: str) -> str | None:
+    """The Python version of a base image's `python3` package, when the base is a known distribution."""
+    return next((python for pattern, python, _ in _BASES if pattern.search(base)), None)
+
+
+def base_glibc(base: str) -> tuple[int, int]:
+    """The glibc of a base image; manylinux_2_28 for a distribution the lab does not know."""
+    return next((glibc for pattern, _, glibc in _BASES if pattern.search(base)), DEFAULT_GLIBC)
+
+
+def wheel_tags(python: str, arch: Arch | str) -> frozenset[Tag]:
+    """The wheel tags a Linux CPython `python` ("3.11") on `arch` accepts, the legacy
+    `manylinux2010`/`manylinux1` names included (PyPI's x86_64 torch up to 2.6.0 has them)."""
+    major, minor = (int(x) for x in python.split(".")[:2])
+    machine = Arch.parse(arch).uname
+    platforms = [f"manylinux_2_{n}_{machine}" for n in range(40, 4, -1)]
+    platforms += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}",
+                  f"linux_{machine}"]
+    return frozenset([*cpython_tags((major, minor), platforms=platforms),
+                      *compatible_tags((major, minor), platforms=platforms)])
+
+
+def parse_arch(value: str | None, option: str = "--arch") -> str | None:
+    """An architecture given on the command line, as `amd64`/`arm64`; a clear error otherwise."""
+    if value is None:
+        return None
+    try:
+        return Arch.parse(value).value
+    except ValueError as exc:
+        raise ScenarioError(f"{exc}.", field=option) from None
+
+
+def host_arch() -> Arch:
+    return Arch.parse(platform.machine())
+
+
+@dataclass(frozen=True)
+class Case:
+    """One concrete thing to build and run: a scenario at one torch version, arch and backend."""
+
+    scenario: Scenario
+    torch: str
+    arch: Arch
+    backend: str | None = None
+    vars: tuple[tuple[str, str], ...] = field(default=())
+    mode: str | None = None
+
+    @property
+    def name(self) -> str:
+        parts = [f"torch={self.torch}", f"arch={self.arch.value}"]
+        if self.backend:
+            parts.append(f"backend={self.backend}")
+        if self.mode:
+            parts.append(f"mode={self.mode}")
+        return f"{self.scenario.name}[{','.join(parts)}]"
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the lab's runner must override the script's torch.compile backend/mode."""
+        return self.scenario.ablation.via == "hook" and bool(self.backend or self.mode)
+
+    @property
+    def python(self) -> str | None:
+        return base_python(self.scenario.base)
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return (f"torch=={self.torch}", *self.scenario.pip)
+
+    @cached_property
+    def wheel_tags(self) -> frozenset[Tag]:
+        """Wheel tags the image's Python accepts (used to pick host-local wheels)."""
+        return frozenset() if self.python is None else wheel_tags(self.python, self.arch)
+
+    def run_env(self) -> dict[str, str]:
+        """Environment for the repro script: scenario env, then variables, then the backend."""
+        env = dict(self.scenario.env)
+        env.update(dict(self.vars))
+        if self.backend:
+            env["LAB_BACKEND"] = self.backend
+        if self.mode:
+            env["LAB_MODE"] = self.mode
+        if self.hooked:
+            env["LAB_COMPILE_HOOK"] = "1"
+        return env
+
+
+def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = None,
+            backend: str | None = None, sets: dict[str, str] | None = None,
+            mode: str | None = None) -> Case:
+    """Choose the case to run. A scenario that pins several versions or arches needs a choice.
+
+    Every value given here is checked as strictly as the scenario file's: `torch` must be a PEP 440
+    version (it reaches the Dockerfile), `arch`, `backend` and `mode` one of their known values."""
+    version = _pick(scenario, "torch", scenario.torch, None if torch is None else check_version(torch))
+    chosen_arch = _pick(scenario, "arch", tuple(a.value for a in scenario.arch), parse_arch(arch))
+    _check_backend(scenario, backend, mode)
+    if sets:
+        scenario = scenario.with_vars(sets)
+    return Case(scenario=scenario, torch=version, arch=Arch(chosen_arch), backend=backend,
+                vars=tuple(sorted(scenario.vars.items())), mode=mode)
+
+
+def _check_backend(scenario: Scenario, backend: str | None, mode: str | None) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise ScenarioError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.",
+                            field="--backend")
+    if mode is not None and mode not in MODES:
+        raise ScenarioError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}.", field="--mode")
+    if mode is not None and backend not in (None, "inductor"):
+        raise ScenarioError(f"--mode {mode} needs the inductor backend, not {backend}.", field="--mode")
+    if backend or mode:
+        check_ablatable(scenario)
+
+
+def check_ablatable(scenario: Scenario) -> None:
+    """Refuse to choose the backend of a script that hard-codes it as part of the bug."""
+    if scenario.ablation.via == "none":
+        raise ScenarioError(
+            "this scenario's script hard-codes its torch.compile backend (ablation.via: none), "
+            "so --backend, --mode and --ablate do not apply.", file=str(scenario.source), field="ablation.via",
+            hint="Set `ablation: {via: hook}` to let the lab override it, or `via: env` if the script "
+                 "reads LAB_BACKEND.")
+
+
+def _pick(scenario: Scenario, key: str, pinned: tuple[str, ...], wanted: str | None) -> str:
+    if wanted is not None:
+        return wanted
+    if len(pinned) == 1:
+        return pinned[0]
+    raise ScenarioError(
+        f"the scenario pins several values ({', '.join(pinned)}); choose one with --{key}.",
+        file=str(scenario.source), field=key)

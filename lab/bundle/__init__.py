@@ -1,0 +1,1 @@
+"""Bundles: manifest, archive, replay."""

@@ -1,0 +1,910 @@
+"""Bundles: one run folder as a `.tar.gz` that another person can inspect, unpack and replay.
+
+Format (format_version 1)
+-------------------------
+A gzip'd (level 6) tar, PAX format, whose members are regular files only, all under one folder
+named after the run folder (`<root>/`, e.g. `20261122T120958Z-torch2.5.1-arm64/`):
+
+1. `<root>/bundle.json`, always the first member: the manifest (below);
+2. the metadata files (`kind: "meta"`): everything but `out/` and `diagnose/`: result.json,
+   report.md, scenario.yaml, Dockerfile, .dockerignore, repro/*, tools/*, lab/pip.conf,
+   evidence.json, pip-freeze.txt, collect_env.txt, build.log, stdout.txt, stderr.txt, wheels/README...
+   sorted by path;
+3. the bulky data (`kind: "data"`): `out/**` (raw loader logs) and `diagnose/**`, sorted by path.
+
+So `inspect_bundle` reads the first few KiB of the stream and stops. Members have mtime = the
+bundle's `created` time, uid/gid 0, no owner names, and mode 0644 (0755 when the file was
+executable), so the same run folder bundled with the same `created` gives the same bytes.
+
+bundle.json::
+
+    {"format": "torch-repro-lab-bundle", "format_version": 1,
+     "created": "2026-11-22T12:30:00+00:00", "lab_version": "0.1.0",
+     "scenario", "case", "torch", "arch", "verdict", "reason": from result.json (or null),
+     "summary": [plain-words findings from result.json],
+     "slim": false,
+     "files":    [{"path": "result.json", "size": 1549, "sha256": "<64 hex>", "kind": "meta"}, ...],
+     "left_out": [{"path": "lab/ca.crt", "size": 219597, "sha256": "<64 hex>",
+                   "why": "host CA bundle; the replaying host's CA bundle is used"}, ...]}
+
+Paths are relative to `<root>/`, POSIX, without `.`/`..`; sizes and sha256 are those of the bytes
+stored, which are the scrubbed bytes for text files.  bundle.json is not listed in `files`.
+
+What never goes in (each listed in `left_out` with its reason): `wheels/*.whl` (host-local wheels;
+a replay installs from the replaying host's pip sources; `wheels/LEFT-OUT.txt` lists them too),
+`lab/ca.crt` (the host's CA bundle), `site/**` but its README.md (packages the lab installed
+on the host for the image, should a run folder hold them), symbolic links and anything else that is not a regular file
+(so nothing outside the run folder), binary files that contain a secret value, text files too
+large to scrub; with `slim`, also the raw loader logs `out/ld/*`.
+
+Text files (valid UTF-8 without NUL bytes) go through `lab.scrub.scrub_text` (secrets, URL
+credentials, home path).  The stored report.md ends with a "How to replay" section
+(`replay_instructions`), added when the run's report.md lacks one.
+
+`unpack_bundle` (and `open_bundle`, its folder only) checks bundle.json (size capped, strict
+pydantic model), then unpacks through `lab.safetar.safe_extract` with the manifest's sizes and
+sha256 as the only files allowed. It returns the manifest with the folder: `Unpacked.read_checked`
+reads a file again and checks it against the manifest, so what a replay shows and builds from a
+bundle is exactly what the manifest lists. The manifest is no signature: whoever edits a bundle
+can update it, which is why `lab replay` builds this lab's re-render of the bundled scenario.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import stat
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import IO, Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+from lab import __version__
+from lab.core.results import RunResult, UnfinishedRun, read_result, validation_problem
+from lab.core.safetar import (
+    HEADER_BUDGET,
+    BundleError,
+    _check_name,
+    _CountingReader,
+    _read_problem,
+    _TooMuch,
+    safe_extract,
+)
+from lab.core.scrub import is_secret_name, scrub_text, secret_values
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "FORMAT_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "BundleError",
+    "BundleInfo",
+    "BundleLimits",
+    "Comparison",
+    "Manifest",
+    "Unpacked",
+    "compare",
+    "inspect_bundle",
+    "open_bundle",
+    "replay_instructions",
+    "signature",
+    "unpack_bundle",
+    "validate_manifest",
+    "write_bundle",
+]
+
+BUNDLE_FORMAT = "torch-repro-lab-bundle"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+MANIFEST_NAME = "bundle.json"
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_SCRUB_BYTES = 256 << 20     # a text file larger than this is left out rather than read whole
+COMPRESSLEVEL = 6
+REPLAY_HEADING = "## How to replay"
+
+WHY_WHEEL = "host-local wheel; replay takes it from the replaying host's pip sources"
+WHY_CA = "host CA bundle; the replaying host's CA bundle is used"
+WHY_SITE = "package installed on the host for the image (site/); replay installs it again"
+WHY_SLIM = "raw loader log, left out by --slim (its findings are in evidence.json and report.md)"
+WHY_LINK = "symbolic link; links are never bundled"
+WHY_SPECIAL = "not a regular file"
+WHY_BINARY_SECRET = "binary file that contains the value of a secret-named environment variable"
+
+_DATA_DIRS = ("out", "diagnose")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_ROOT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class BundleLimits:
+    """What `open_bundle` accepts: the unpacked size of all files, and how many there may be."""
+
+    max_total_bytes: int = 2 << 30
+    max_files: int = 20_000
+
+
+DEFAULT_LIMITS = BundleLimits()
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    """What `write_bundle` made."""
+
+    path: Path
+    size: int                      # bytes of the .tar.gz
+    file_count: int                # files from the run folder in it (bundle.json not counted)
+    left_out: tuple[LeftOutEntry, ...]
+    manifest: Manifest = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of `compare`: whether two runs failed the same way, and what differs."""
+
+    same: bool
+    lines: tuple[str, ...]
+
+
+# --------------------------------------------------------------------------- manifest model
+
+
+def _check_path(value: str) -> str:
+    why = _check_name(value)
+    if why is None and value.endswith("/"):
+        why = "it ends with '/'"
+    if why is None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        why = "it contains a control character"
+    if why:
+        raise ValueError(f"must be a relative POSIX path inside the bundle, but {why}")
+    return value
+
+
+def _check_sha(value: str) -> str:
+    if not _SHA256_RE.fullmatch(value):
+        raise ValueError("must be a sha256 digest: 64 lowercase hexadecimal digits")
+    return value
+
+
+def _check_created(value: str) -> str:
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an ISO 8601 time such as 2026-11-22T12:30:00+00:00") from None
+    return value
+
+
+def _limits(info: ValidationInfo) -> BundleLimits:
+    return (info.context or {}).get("limits", DEFAULT_LIMITS)
+
+
+RelPath = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_check_path)]
+Sha256 = Annotated[str, AfterValidator(_check_sha)]
+ShortText = Annotated[str, Field(max_length=200)]
+LongText = Annotated[str, Field(max_length=10_000)]
+Size = Annotated[int, Field(ge=0, le=1 << 50)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class FileEntry(_Strict):
+    path: RelPath
+    size: Size
+    sha256: Sha256
+    kind: Literal["meta", "data"]
+
+
+class LeftOutEntry(_Strict):
+    path: RelPath
+    size: Size | None
+    sha256: Sha256 | None
+    why: Annotated[str, Field(min_length=1, max_length=1000)]
+
+
+class Manifest(_Strict):
+    """bundle.json (see the module docstring)."""
+
+    format: Literal["torch-repro-lab-bundle"]
+    format_version: int
+    created: Annotated[str, Field(max_length=64), AfterValidator(_check_created)]
+    lab_version: ShortText
+    scenario: ShortText | None
+    case: Annotated[str, Field(max_length=1000)] | None
+    torch: ShortText | None
+    arch: ShortText | None
+    verdict: ShortText | None
+    reason: LongText | None
+    summary: Annotated[list[LongText], Field(max_length=1000)]
+    slim: bool
+    files: Annotated[list[FileEntry], Field(max_length=1_000_000)]
+    left_out: Annotated[list[LeftOutEntry], Field(max_length=1_000_000)]
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> Manifest:
+        limits = _limits(info)
+        if len(self.files) > limits.max_files:
+            raise ValueError(f"files: lists {len(self.files)} files, more than the limit of {limits.max_files}")
+        total = sum(f.size for f in self.files)
+        if total > limits.max_total_bytes:
+            raise ValueError(f"files: adds up to {total} bytes, more than the limit of {limits.max_total_bytes}")
+        seen: set[str] = set()
+        for entry in self.files:
+            if entry.path == MANIFEST_NAME:
+                raise ValueError(f"files: lists {MANIFEST_NAME} itself, which the manifest cannot describe")
+            if entry.path in seen:
+                raise ValueError(f"files: lists {entry.path!r} twice")
+            seen.add(entry.path)
+        return self
+
+
+def _manifest_error(where: str, message: str, hint: str | None = None) -> BundleError:
+    return BundleError(f"{where}: {MANIFEST_NAME}: {message}",
+                       hint=hint or "The bundle was not made by `lab bundle`, or was damaged; ask for it again.")
+
+
+def validate_manifest(data: Any, where: str, limits: BundleLimits = DEFAULT_LIMITS) -> Manifest:
+    """bundle.json's parsed JSON as a Manifest, or one BundleError naming `where` and the field."""
+    if not isinstance(data, dict):
+        raise _manifest_error(where, f"must be a JSON object, got {type(data).__name__}")
+    version = data.get("format_version")
+    if data.get("format") == BUNDLE_FORMAT and isinstance(version, int) and not isinstance(version, bool) \
+            and version not in SUPPORTED_VERSIONS:
+        readable = ", ".join(map(str, sorted(SUPPORTED_VERSIONS)))
+        raise _manifest_error(
+            where, f"field `format_version`: this lab reads bundle format {readable}, but the bundle is format "
+                   f"{version}",
+            hint="Upgrade torch-repro-lab (or ask for a bundle made by this version).")
+    try:
+        return Manifest.model_validate(data, context={"limits": limits})
+    except ValidationError as exc:
+        text = validation_problem(exc)
+        more = len(exc.errors()) - 1
+        hint = (f"{more} more problem{'s' if more > 1 else ''} after this one. " if more else "") + \
+            "The bundle was not made by `lab bundle`, or was damaged; ask for it again."
+        raise _manifest_error(where, text, hint) from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_manifest(raw: bytes, where: str, limits: BundleLimits = DEFAULT_LIMITS) -> Manifest:
+    """Parse and validate bundle.json's bytes (at most MAX_MANIFEST_BYTES)."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise _manifest_error(where, f"is larger than {MAX_MANIFEST_BYTES} bytes, the limit")
+    try:
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise _manifest_error(where, f"is not UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _manifest_error(where, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") \
+            from None
+    except (ValueError, RecursionError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else "nested too deeply"
+        raise _manifest_error(where, f"is not usable JSON ({reason[:200]})") from None
+    return validate_manifest(data, where, limits)
+
+
+# --------------------------------------------------------------------------- reading the head
+
+
+@dataclass(frozen=True)
+class BundleHead:
+    """bundle.json as found at the start of a bundle."""
+
+    manifest: Manifest
+    root: str
+    size: int
+    sha256: str
+
+
+def _source_name(source: Path | str | IO[bytes]) -> str:
+    if isinstance(source, (str, Path)):
+        return str(source)
+    return str(getattr(source, "name", "<bundle>"))
+
+
+def read_head(source: Path | str | IO[bytes], limits: BundleLimits = DEFAULT_LIMITS) -> BundleHead:
+    """Read and validate the first member, `<root>/bundle.json`, and stop there."""
+    where = _source_name(source)
+    if isinstance(source, (str, Path)):
+        try:
+            handle: IO[bytes] = open(source, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise BundleError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+        try:
+            return _read_head(handle, where, limits)
+        finally:
+            handle.close()
+    return _read_head(source, where, limits)
+
+
+def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHead:
+    unzipped = gzip.GzipFile(fileobj=handle, mode="rb")
+    counter = _CountingReader(unzipped, MAX_MANIFEST_BYTES + HEADER_BUDGET)
+    member_name = None
+    try:
+        with counter.window(HEADER_BUDGET):
+            # 512-byte reads: nothing much past bundle.json is decompressed, so a bundle cut short
+            # after its head still shows its manifest.
+            tar = tarfile.open(fileobj=counter, mode="r|", bufsize=512)  # type: ignore[call-overload]  # noqa: SIM115
+        member = tar.next()
+        if member is None:
+            raise BundleError(f"{where}: the archive is empty", hint="It is not a bundle made by `lab bundle`.")
+        member_name = member.name
+        root, _, name = member.name.partition("/")
+        if name == MANIFEST_NAME and _ROOT_RE.fullmatch(root) and not member.isreg():
+            raise _manifest_error(where, f"the first member {member.name!r} is not a regular file")
+        if name != MANIFEST_NAME or not _ROOT_RE.fullmatch(root):
+            raise BundleError(
+                f"{where}: its first member is {member.name!r}, not <folder>/{MANIFEST_NAME}",
+                hint="It is not a bundle made by `lab bundle` (or it was repacked); ask for the bundle again.")
+        if member.size > MAX_MANIFEST_BYTES:
+            raise _manifest_error(where, f"is {member.size} bytes, more than the limit of {MAX_MANIFEST_BYTES}")
+        extracted = tar.extractfile(member)
+        assert extracted is not None
+        raw = extracted.read()
+        if len(raw) != member.size:
+            raise BundleError(f"{where}: the archive is truncated inside {MANIFEST_NAME}")
+    except _TooMuch:
+        raise BundleError(f"{where}: its first member unpacks to more data than a bundle head may "
+                          "(a compression bomb?)") from None
+    except gzip.BadGzipFile as exc:
+        raise BundleError(f"{where}: it is not a gzip-compressed tar archive ({exc})",
+                          hint="A bundle is the .tar.gz that `lab bundle` writes.") from None
+    except (EOFError, tarfile.TarError, zlib.error, OSError) as exc:
+        inside = f"member {member_name!r}: " if member_name else ""
+        raise BundleError(f"{where}: {inside}{_read_problem(exc)}", hint="Ask for the bundle again.") from None
+    manifest = parse_manifest(raw, where, limits)
+    return BundleHead(manifest, root, len(raw), hashlib.sha256(raw).hexdigest())
+
+
+def inspect_bundle(source: Path | str | IO[bytes], limits: BundleLimits = DEFAULT_LIMITS) -> Manifest:
+    """bundle.json of a bundle, validated, read without unpacking anything else (a path or an open
+    binary file)."""
+    return read_head(source, limits).manifest
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A bundle unpacked by `unpack_bundle`: its run folder and the manifest it was checked against."""
+
+    folder: Path
+    manifest: Manifest
+
+    def entry(self, rel: str) -> FileEntry | None:
+        return next((f for f in self.manifest.files if f.path == rel), None)
+
+    def read_checked(self, rel: str, max_bytes: int = 64 << 20) -> bytes:
+        """A file of the bundle, read again and checked against the manifest's size and sha256, so
+        what the lab shows or builds is exactly what the manifest lists (BundleError otherwise)."""
+        entry = self.entry(rel)
+        if entry is None:
+            raise BundleError(f"{self.folder}: {rel} is not listed in the bundle's manifest",
+                              hint="Only the files bundle.json lists are used from a bundle.")
+        path = self.folder / rel
+        if entry.size > max_bytes:
+            raise BundleError(f"{self.folder}: {rel} is {entry.size} bytes, more than the {max_bytes} bytes "
+                              "the lab reads of it", hint="The bundle was not made by `lab bundle`.")
+        try:
+            if path.is_symlink() or not path.is_file():
+                raise FileNotFoundError(rel)
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BundleError(f"{self.folder}: {rel} cannot be read ({exc})",
+                              hint="Something changed the unpacked bundle; replay it again.") from None
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise BundleError(f"{self.folder}: {rel} no longer matches the manifest's size and sha256",
+                              hint="Something changed the unpacked bundle; replay it again.")
+        return data
+
+
+def unpack_bundle(path: Path | str, dest: Path | str, limits: BundleLimits = DEFAULT_LIMITS) -> Unpacked:
+    """Check a bundle's manifest, then unpack it safely into the new folder `dest`.
+
+    Returns the run folder inside it, `dest/<root>`, with the manifest. Any problem is a
+    BundleError, and leaves no `dest`.
+    """
+    head = read_head(path, limits)
+    root = head.root
+    expected = {f"{root}/{MANIFEST_NAME}": (head.size, head.sha256)}
+    expected.update({f"{root}/{f.path}": (f.size, f.sha256) for f in head.manifest.files})
+    safe_extract(path, dest, max_total_bytes=limits.max_total_bytes + head.size, max_files=len(expected),
+                 expected=expected)
+    return Unpacked(Path(dest) / root, head.manifest)
+
+
+def open_bundle(path: Path | str, dest: Path | str, limits: BundleLimits = DEFAULT_LIMITS) -> Path:
+    """`unpack_bundle`'s run folder: `dest/<root>`."""
+    return unpack_bundle(path, dest, limits).folder
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass
+class _Planned:
+    path: str                   # relative to the run folder, POSIX
+    kind: str                   # meta | data
+    size: int
+    sha256: str
+    mode: int
+    data: bytes | None = None   # the scrubbed text; None: stream `source`
+    source: Path | None = None
+
+
+def _sha256_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _contains_any(path: Path, needles: list[bytes]) -> bool:
+    """Whether the file holds any of `needles`, read in pieces that overlap by the longest needle."""
+    if not needles:
+        return False
+    overlap = max(len(n) for n in needles) - 1
+    previous = b""
+    with path.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            window = previous + chunk
+            if any(n in window for n in needles):
+                return True
+            previous = window[-overlap:] if overlap else b""
+    return False
+
+
+def _as_text(data: bytes) -> str | None:
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _kind(rel: str) -> str:
+    return "data" if rel.split("/", 1)[0] in _DATA_DIRS else "meta"
+
+
+def _why_left_out(rel: str, slim: bool) -> str | None:
+    parts = rel.split("/")
+    if parts[0] == "wheels" and rel.endswith(".whl"):
+        return WHY_WHEEL
+    if rel == "lab/ca.crt":
+        return WHY_CA
+    if parts[0] == "site" and rel != "site/README.md":
+        return WHY_SITE
+    if slim and parts[:2] == ["out", "ld"]:
+        return WHY_SLIM
+    return None
+
+
+def _walk(run_dir: Path) -> list[tuple[str, Path]]:
+    """Every entry under run_dir, links not followed: (relative POSIX path, path), sorted."""
+    entries: list[tuple[str, Path]] = []
+    for folder, dirs, files in os.walk(run_dir, followlinks=False):
+        base = Path(folder)
+        for name in dirs:
+            if (base / name).is_symlink():
+                entries.append(((base / name).relative_to(run_dir).as_posix(), base / name))
+        for name in files:
+            entries.append(((base / name).relative_to(run_dir).as_posix(), base / name))
+    return sorted(entries)
+
+
+def _left(rel: str, why: str, path: Path | None = None) -> dict[str, Any]:
+    size = sha = None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            size, sha = _sha256_file(path)
+    return {"path": rel, "size": size, "sha256": sha, "why": why}
+
+
+def _scenario_secrets(scenario: Mapping[str, Any]) -> dict[str, str]:
+    """Secret-named variables of the scenario's `env:` and `vars:`, as an environment for scrub_text."""
+    found: dict[str, str] = {}
+    for key in ("env", "vars"):
+        block = scenario.get(key)
+        if isinstance(block, dict):
+            found.update({str(k): str(v) for k, v in block.items() if isinstance(k, str) and is_secret_name(k)
+                          and isinstance(v, (str, int, float))})
+    return found
+
+
+def _read_scenario(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "scenario.yaml"
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > (1 << 20):
+            return {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _text(value: str | None, env: Mapping[str, str], limit: int = 200) -> str | None:
+    return None if value is None else scrub_text(value, env)[:limit]
+
+
+def _plan(run_dir: Path, *, slim: bool, env: Mapping[str, str], skip: set[Path], result: AnyResult,
+          scenario: dict[str, Any], bundle_name: str) -> tuple[list[_Planned], list[dict[str, Any]]]:
+    planned: list[_Planned] = []
+    left_out: list[dict[str, Any]] = []
+    secrets = [v.encode("utf-8", "surrogateescape") for v in secret_values(env)]
+    has_report = False
+    for rel, path in _walk(run_dir):
+        if path in skip:
+            continue
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            left_out.append(_left(rel, WHY_LINK))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            left_out.append(_left(rel, WHY_SPECIAL))
+            continue
+        why = _why_left_out(rel, slim)
+        if why is None:
+            try:
+                _check_path(rel)
+            except ValueError as exc:
+                why = f"its name cannot go into a bundle ({exc})"
+        if why is not None:
+            left_out.append(_left(rel, why, path))
+            continue
+        mode = 0o755 if st.st_mode & 0o100 else 0o644
+        item = _plan_file(rel, path, st.st_size, mode, env, secrets)
+        if isinstance(item, str):
+            left_out.append(_left(rel, item, path))
+            continue
+        if rel == "report.md":
+            has_report = True
+            item = _with_replay(item, bundle_name, result, scenario, run_dir.name, env)
+        planned.append(item)
+    if not has_report:
+        text = f"# {result.case or run_dir.name}: {_verdict(result) or 'no verdict'}\n\n" \
+               "This run wrote no report.md.\n"
+        item = _Planned("report.md", "meta", 0, "", 0o644, data=text.encode())
+        planned.append(_with_replay(item, bundle_name, result, scenario, run_dir.name, env))
+    wheels = [entry for entry in left_out if entry["why"] == WHY_WHEEL]
+    if wheels:
+        planned.append(_wheel_list(wheels))
+    return planned, left_out
+
+
+def _plan_file(rel: str, path: Path, size: int, mode: int, env: Mapping[str, str],
+               secrets: list[bytes]) -> _Planned | str:
+    """The file as it will be stored, or why it is left out."""
+    kind = _kind(rel)
+    if size <= MAX_SCRUB_BYTES:
+        raw = path.read_bytes()
+        text = _as_text(raw)
+        if text is not None:
+            data = scrub_text(text, env).encode("utf-8")
+            return _Planned(rel, kind, len(data), hashlib.sha256(data).hexdigest(), mode, data=data)
+        if any(secret in raw for secret in secrets):
+            return WHY_BINARY_SECRET
+        return _Planned(rel, kind, len(raw), hashlib.sha256(raw).hexdigest(), mode, source=path)
+    with path.open("rb") as handle:
+        head = handle.read(1 << 20)
+    if _as_text(head[: len(head) - 4] if len(head) > 4 else head) is not None:
+        return f"text file larger than {MAX_SCRUB_BYTES >> 20} MiB, too large to scrub of secrets"
+    if _contains_any(path, secrets):
+        return WHY_BINARY_SECRET
+    real_size, sha = _sha256_file(path)
+    return _Planned(rel, kind, real_size, sha, mode, source=path)
+
+
+def _with_replay(item: _Planned, bundle_name: str, result: AnyResult, scenario: dict[str, Any],
+                 folder: str, env: Mapping[str, str]) -> _Planned:
+    text = item.data.decode("utf-8") if item.data is not None else ""
+    if REPLAY_HEADING not in text:
+        text = text.rstrip("\n") + "\n\n" + replay_instructions(bundle_name, result, scenario=scenario,
+                                                                  folder=folder)
+        text = scrub_text(text, env)
+    data = text.encode("utf-8")
+    return _Planned(item.path, item.kind, len(data), hashlib.sha256(data).hexdigest(), item.mode, data=data)
+
+
+def _wheel_list(wheels: list[dict[str, Any]]) -> _Planned:
+    lines = ["Wheels the original run took from its host's local pip sources. They are not in the bundle:",
+             "`lab replay` installs the same requirements from the replaying host's pip sources.", ""]
+    lines += [f"{w['sha256'] or '?'}  {w['size'] if w['size'] is not None else '?'}  {w['path']}" for w in wheels]
+    data = ("\n".join(lines) + "\n").encode()
+    return _Planned("wheels/LEFT-OUT.txt", "meta", len(data), hashlib.sha256(data).hexdigest(), 0o644, data=data)
+
+
+def _order(planned: list[_Planned]) -> list[_Planned]:
+    unique = {p.path: p for p in planned}  # a generated file replaces a same-named one
+    return sorted(unique.values(), key=lambda p: (p.kind != "meta", p.path))
+
+
+class _HashCheck(io.RawIOBase):
+    """Reads a source file for the tar, checking it still has the sha256 planned for it."""
+
+    def __init__(self, handle: IO[bytes], item: _Planned) -> None:
+        super().__init__()
+        self.handle, self.item = handle, item
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.digest.update(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _tarinfo(name: str, size: int, mode: int, mtime: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, mode, mtime
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _write_archive(target: Path, root: str, manifest_bytes: bytes, items: list[_Planned], mtime: int) -> None:
+    with target.open("wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=COMPRESSLEVEL, mtime=mtime) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        tar.addfile(_tarinfo(f"{root}/{MANIFEST_NAME}", len(manifest_bytes), 0o644, mtime), io.BytesIO(manifest_bytes))
+        for item in items:
+            info = _tarinfo(f"{root}/{item.path}", item.size, item.mode, mtime)
+            if item.data is not None:
+                tar.addfile(info, io.BytesIO(item.data))
+                continue
+            assert item.source is not None
+            with item.source.open("rb") as handle:
+                check = _HashCheck(handle, item)
+                try:
+                    tar.addfile(info, check)
+                except (OSError, tarfile.TarError) as exc:
+                    raise BundleError(f"{item.source} changed while it was being bundled ({exc})",
+                                      hint="Bundle the run folder again once nothing writes to it.") from None
+                if check.digest.hexdigest() != item.sha256 or handle.read(1):
+                    raise BundleError(f"{item.source} changed while it was being bundled",
+                                      hint="Bundle the run folder again once nothing writes to it.")
+
+
+def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bool = False,
+                 env: Mapping[str, str] | None = None, created: datetime | None = None) -> BundleInfo:
+    """Write the run folder as a bundle (see the module docstring) and return what was written.
+
+    `out` defaults to `<run folder name>.tar.gz` in the current directory. `env` (default
+    os.environ) supplies the secret values to scrub. `created` (default now) also sets every
+    member's mtime, so a fixed one gives byte-identical bundles.
+    """
+    env = os.environ if env is None else env
+    given = Path(run_dir)
+    if given.is_symlink() or not given.is_dir():
+        raise BundleError(f"{given} is not a run folder: it is not a folder",
+                          hint="Pass a folder that `lab run` made, such as runs/<scenario>/<time>-torch<v>-<arch>.")
+    run_path = Path(os.path.realpath(given))
+    root = run_path.name
+    if not _ROOT_RE.fullmatch(root):
+        raise BundleError(f"{given}: the folder name {root!r} cannot name a bundle's folder",
+                          hint="Rename it to letters, digits, '.', '_', '+' and '-' only.")
+    target = Path(out) if out is not None else Path.cwd() / f"{root}.tar.gz"
+    created = (created or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(microsecond=0)
+    result = read_result(run_path)
+    scenario = _read_scenario(run_path)
+    env = {**_scenario_secrets(scenario), **env}  # a token in the scenario's env must not leak through stdout
+    target_real = Path(os.path.realpath(target))
+    planned, left_out = _plan(run_path, slim=slim, env=env, skip={target_real}, result=result, scenario=scenario,
+                              bundle_name=target.name)
+    items = _order(planned)
+    summary = result.summary if isinstance(result, RunResult) else ()
+    manifest = validate_manifest({
+        "format": BUNDLE_FORMAT, "format_version": FORMAT_VERSION,
+        "created": created.isoformat(), "lab_version": __version__,
+        "scenario": _text(result.scenario, env), "case": _text(result.case, env, 1000),
+        "torch": _text(result.torch, env), "arch": _text(result.arch, env),
+        "verdict": _verdict(result), "reason": _text(result.reason, env, 10_000),
+        "summary": [scrub_text(s, env)[:10_000] for s in summary[:1000]],
+        "slim": slim,
+        "files": [{"path": i.path, "size": i.size, "sha256": i.sha256, "kind": i.kind} for i in items],
+        "left_out": left_out,
+    }, str(target), BundleLimits(max_total_bytes=1 << 50, max_files=10**9))
+    manifest_bytes = (manifest.model_dump_json(indent=2) + "\n").encode("utf-8")
+    if len(manifest_bytes) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{given}: the bundle's manifest would be larger than {MAX_MANIFEST_BYTES} bytes "
+                          f"({len(items)} files)", hint="Bundle with --slim, or remove files from the run folder.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        _write_archive(tmp, root, manifest_bytes, items, int(created.timestamp()))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return BundleInfo(path=target, size=target.stat().st_size, file_count=len(items),
+                      left_out=tuple(manifest.left_out), manifest=manifest)
+
+
+# --------------------------------------------------------------------------- replay instructions
+
+
+AnyResult = RunResult | UnfinishedRun
+
+
+def _verdict(result: AnyResult) -> str | None:
+    return None if result.verdict is None else result.verdict.value
+
+
+def _base(result: AnyResult, scenario: Mapping[str, Any]) -> tuple[str, str | None]:
+    base = result.base if isinstance(result, RunResult) else None
+    requested = (base.requested if base else None) or scenario.get("base") or "debian:bookworm"
+    note = None
+    if base is not None and base.origin == "bootstrapped":
+        note = (f"# The original engine had no registry and built {requested} from Debian's archive "
+                "(scenario.yaml: resolved.base.recipe); with a registry, docker pulls it.")
+    return str(requested), note
+
+
+def _run_env(scenario: Mapping[str, Any], result: AnyResult) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for source in (scenario.get("env"), (scenario.get("resolved") or {}).get("vars")
+                   if isinstance(scenario.get("resolved"), dict) else None):
+        if isinstance(source, dict):
+            env.update({str(k): str(v) for k, v in source.items()})
+    if result.backend:
+        env["LAB_BACKEND"] = result.backend
+    if result.mode:
+        env["LAB_MODE"] = result.mode
+    return env
+
+
+def replay_instructions(bundle_name: str, result: AnyResult, *, scenario: Mapping[str, Any] | None = None,
+                        folder: str | None = None) -> str:
+    """The "How to replay" section that ends a bundle's report.md (markdown).
+
+    `result` is the run's result.json, `scenario` its scenario.yaml (for the script's environment,
+    GPU and limits), `folder` the bundle's top folder (default: the run folder named in result.json).
+    """
+    scenario = scenario or {}
+    folder = folder or PurePosixPath(result.run_dir).name or bundle_name.removesuffix(".tar.gz").removesuffix(".tgz")
+    platform = f"linux/{result.arch}"
+    base, note = _base(result, scenario)
+    run = ["docker", "run", "--rm", "--platform", platform]
+    if scenario.get("gpu") is True:
+        run += ["--gpus", "all"]
+    if scenario.get("network") is not True:
+        run += ["--network", "none"]
+    limits = scenario.get("limits")
+    if isinstance(limits, dict):
+        if limits.get("memory"):
+            run += ["--memory", str(limits["memory"])]
+        if limits.get("pids"):
+            run += ["--pids-limit", str(limits["pids"])]
+        if limits.get("cpus"):
+            run += ["--cpus", str(limits["cpus"])]
+    for key, value in sorted(_run_env(scenario, result).items()):
+        run += ["-e", f"{key}={value}"]
+    run += ["-e", "LD_DEBUG=libs,files", "repro"]
+    lines = [
+        REPLAY_HEADING, "",
+        "With the lab (install it as its README says), which checks the bundle, rebuilds the image for "
+        f"{platform} and tells whether the replay fails the same way:", "",
+        "```sh",
+        "pip install ./torch-repro-lab   # a checkout of the lab; its bin/setup also sets up Docker",
+        f"lab replay {shlex.quote(bundle_name)}", "```", "",
+        "With Docker alone:", "",
+        "```sh",
+        f"tar xzf {shlex.quote(bundle_name)}",
+        f"cd {shlex.quote(folder)}",
+        "# lab/ca.crt (the original host's CA bundle) is not in the bundle: use your own, or your proxy's",
+        "cp /etc/ssl/certs/ca-certificates.crt lab/ca.crt",
+    ]
+    if note:
+        lines.append(note)
+    lines += [f"docker build --platform {platform} --build-arg BASE={shlex.quote(base)} -t repro .",
+              shlex.join(run), "```", ""]
+    if isinstance(result, RunResult) and result.emulated:
+        lines += [f"On a host that is not {platform.split('/')[1]}, Docker emulates it with QEMU "
+                  "(binfmt_misc), as the original run did.", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def _exit_class(code: int | None) -> str:
+    if code is None:
+        return "none"
+    if code == 0:
+        return "success"
+    if 0 < code < 128:
+        return "failure"
+    return "signal"
+
+
+def signature(result: RunResult) -> dict[str, Any]:
+    """What identifies how a run failed, so that two runs can be compared (see `compare`).
+
+    The verdict; each duplicate runtime family with the file names of its copies (pids and folders
+    ignored); the final exception's type and the first line of its message; the graph-break count
+    when there is one; and the exit code's class (success, failure, signal, none).
+    """
+    runtimes: dict[str, set[str]] = {}
+    for dup in result.evidence.duplicate_runtimes:
+        runtimes.setdefault(dup.family, set()).update(os.path.basename(os.path.normpath(p)) for p in dup.paths)
+    exc = result.evidence.exception
+    exception = None
+    if exc is not None and exc.type:
+        exception = {"type": exc.type, "message": (exc.message.strip().splitlines() or [""])[0].strip()}
+    sig: dict[str, Any] = {
+        "verdict": result.verdict.value,
+        "duplicate_runtimes": {family: sorted(names) for family, names in sorted(runtimes.items())},
+        "exception": exception,
+        "exit": _exit_class(result.exit_code),
+    }
+    if result.graph_breaks is not None:
+        sig["graph_breaks"] = result.graph_breaks
+    return sig
+
+
+def _set(names: list[str] | None) -> str:
+    return "{" + ", ".join(names) + "}" if names else "none"
+
+
+def _exception_text(exc: dict[str, str] | None) -> str:
+    if not exc:
+        return "none"
+    return f"{exc['type']}: {exc['message']}" if exc["message"] else exc["type"]
+
+
+def compare(old_result: RunResult, new_result: RunResult) -> Comparison:
+    """Whether a replay failed the same way as the original: one line per difference."""
+    old, new = signature(old_result), signature(new_result)
+    lines: list[str] = []
+    if old["verdict"] != new["verdict"]:
+        lines.append(f"verdict: {old['verdict']} → {new['verdict']}")
+    for family in sorted(set(old["duplicate_runtimes"]) | set(new["duplicate_runtimes"])):
+        before, after = old["duplicate_runtimes"].get(family), new["duplicate_runtimes"].get(family)
+        if before != after:
+            lines.append(f"{family} runtimes: {_set(before)} → {_set(after)}")
+    if old["exception"] != new["exception"]:
+        lines.append(f"exception: {_exception_text(old['exception'])} → {_exception_text(new['exception'])}")
+    if old.get("graph_breaks") != new.get("graph_breaks") and "graph_breaks" in old and "graph_breaks" in new:
+        lines.append(f"graph breaks: {old['graph_breaks']} → {new['graph_breaks']}")
+    if old["exit"] != new["exit"]:
+        lines.append(f"exit: {old['exit']} → {new['exit']}")
+    if not lines:
+        return Comparison(True, ("same verdict, same signature",))
+    return Comparison(False, tuple(lines))

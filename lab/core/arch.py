@@ -1,0 +1,42 @@
+"""A container CPU architecture, named as Docker names it (amd64, arm64), with its aliases."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["Arch"]
+
+_ARCH_ALIASES = {"x86_64": "amd64", "x86-64": "amd64", "x64": "amd64", "aarch64": "arm64", "arm64v8": "arm64"}
+
+
+class Arch(str, Enum):
+    """A container CPU architecture, named as Docker names it."""
+
+    AMD64 = "amd64"
+    ARM64 = "arm64"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def platform(self) -> str:
+        """The Docker platform string, e.g. `linux/arm64`."""
+        return f"linux/{self.value}"
+
+    @property
+    def uname(self) -> str:
+        """What `uname -m` prints inside such a container."""
+        return "x86_64" if self is Arch.AMD64 else "aarch64"
+
+    @classmethod
+    def parse(cls, value: str | Arch) -> Arch:
+        """Parse `amd64`/`arm64` or an alias (`x86_64`, `aarch64`, `linux/arm64`); ValueError if unknown."""
+        if isinstance(value, Arch):
+            return value
+        key = str(value).strip().lower().removeprefix("linux/")
+        try:
+            return cls(_ARCH_ALIASES.get(key, key))
+        except ValueError:
+            raise ValueError(
+                f"unknown architecture {repr(value)[:60]}; use amd64 or arm64 (aliases: x86_64, aarch64)"
+            ) from None

@@ -1,0 +1,641 @@
+"""The lab's results as typed documents: result.json, evidence.json, bisect.json, ablation.json and
+every `--json` line (a run, a matrix, a bisection, an ablation).
+
+Each document is a pydantic model, written with `model_dump_json` and read with `model_validate_json`,
+never as a hand-built dict. Each carries
+
+- `schema_version`: an integer, SCHEMA_VERSION today. It grows when a field changes meaning or goes
+  away; adding a field does not change it, and readers ignore fields they do not know, so a newer
+  lab's document of the same version still reads here;
+- `kind`: what the document is (`run`, `evidence`, `bisect`, `matrix`, `ablation`).
+
+A result.json without `schema_version` is **schema 0**, the layout lab 0.1.0 wrote before results
+were versioned (tests/data/run-folders/ keeps a real one). It is read through `_migrate_run_v0`,
+which adds the fields that layout could lack. Anything else that is not a document of the expected
+kind and a known version (a newer major version, another kind, JSON that is no result at all) is a
+ResultError: one paragraph naming the file and what is wrong with it.
+
+`lab schema` publishes the JSON Schemas of these models (see lab.schemas). This module depends on
+no stage of the pipeline: the stages import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    computed_field,
+    model_validator,
+)
+
+from lab.core.errors import ResultError
+
+SCHEMA_VERSION = 1
+RESULT_NAME = "result.json"
+_MAX_RESULT_BYTES = 16 << 20
+
+
+class Verdict(str, Enum):
+    """What the judge decided about one run."""
+
+    REPRODUCED = "reproduced"
+    NOT_REPRODUCED = "not_reproduced"
+    ERROR = "error"        # infrastructure: a failed build, an emulator crash, out of memory, no torch
+    TIMEOUT = "timeout"
+
+
+# A bisection's view of a verdict: `error` and `timeout` say nothing about the bug, so they are a skip.
+REPRODUCED, NOT_REPRODUCED, SKIP = "reproduced", "not_reproduced", "skip"
+OUTCOMES = (REPRODUCED, NOT_REPRODUCED, SKIP)
+Outcome = Literal["reproduced", "not_reproduced", "skip"]
+Arch = Literal["amd64", "arm64"]
+
+
+def outcome_of(verdict: object) -> str:
+    """A verdict (`Verdict` or its string) as a bisection outcome: `reproduced` and `not_reproduced`
+    pass through; `error`, `timeout` (and `skip` itself) are `skip`."""
+    value = str(getattr(verdict, "value", verdict))
+    if value in (REPRODUCED, NOT_REPRODUCED):
+        return value
+    if value in (Verdict.ERROR.value, Verdict.TIMEOUT.value, SKIP):
+        return SKIP
+    raise ValueError(f"unknown verdict {value!r}; expected reproduced, not_reproduced, error or timeout")
+
+
+def _iso_time(value: str) -> str:
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an ISO 8601 time such as 2026-11-22T12:09:58+00:00") from None
+    return value
+
+
+IsoTime = Annotated[str, AfterValidator(_iso_time)]
+
+
+class Record(BaseModel):
+    """Every part of a document: frozen, unknown fields ignored (see the module docstring), keys as
+    the JSON spells them."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True, serialize_by_alias=True,
+                              json_schema_serialization_defaults_required=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object, as plain data (for `json.dumps` and for comparing)."""
+        return self.model_dump(mode="json")
+
+
+class Document(Record):
+    """A whole document: what a file or a `--json` line holds."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+    def write(self, path: Path) -> None:
+        """Write it as indented JSON, atomically (a reader never sees half a file)."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
+# --- one run: result.json ----------------------------------------------------------------------------
+class Check(Record):
+    """One expectation of the scenario, as the judge saw it."""
+
+    key: str
+    expected: str
+    observed: str
+    held: bool
+
+
+class Judgement(Record):
+    verdict: Verdict
+    reason: str
+    checks: tuple[Check, ...] = ()
+
+
+class DuplicateRuntimeRef(Record):
+    """Two or more files of one runtime family initialised in one process."""
+
+    family: str
+    pid: int
+    paths: tuple[str, ...]
+
+
+class ExceptionRef(Record):
+    """The exception the script exited with."""
+
+    type: str
+    message: str
+
+
+class RunEvidence(Record):
+    """The evidence in result.json (and `lab run --json`): evidence.json has the rest."""
+
+    duplicate_runtimes: tuple[DuplicateRuntimeRef, ...] = ()
+    exception: ExceptionRef | None = None
+
+
+class ImageRef(Record):
+    tag: str
+    id: str
+    cached: bool
+
+
+class BaseRef(Record):
+    requested: str
+    ref: str
+    origin: Literal["local", "pulled", "bootstrapped"]
+    image_id: str
+
+
+class StreamCaptureDetail(Record):
+    """What was kept of one output stream (stdout or stderr)."""
+
+    bytes: int          # what the script wrote
+    kept: int           # what the run folder holds
+    cap: int | None
+    cut: bool
+    note: str | None = None
+
+
+class SkippedDetail(Record):
+    """An entry of /out the lab did not copy (a link, fifo, device, unsafe name...)."""
+
+    path: str
+    kind: str
+    detail: str = ""
+
+
+class OutputCopyDetail(Record):
+    """What was copied out of the container's /out through the engine API."""
+
+    folder: str
+    files: int
+    bytes: int
+    skipped: tuple[SkippedDetail, ...] = ()
+    stopped: str | None = None
+
+
+class CaptureDetail(Record):
+    """What the run folder kept of the script's outputs, with every cut and skip."""
+
+    stdout: StreamCaptureDetail | None = None
+    stderr: StreamCaptureDetail | None = None
+    out: OutputCopyDetail | None = None
+
+
+class EngineRef(Record):
+    version: str
+    host_arch: str
+
+
+class RunResult(Document):
+    """result.json of a run that reached a verdict, and `lab run --json`."""
+
+    kind: Literal["run"] = "run"
+    scenario: str
+    case: str
+    torch: str
+    arch: Arch
+    backend: str | None
+    mode: str | None
+    emulated: bool
+    verdict: Verdict
+    reason: str
+    summary: tuple[str, ...]
+    run_dir: str
+    evidence: RunEvidence
+    graph_breaks: int | None
+    exit_code: int | None
+    duration_s: float | None
+    killed: str | None
+    limits: str | None
+    capture: CaptureDetail | None = None
+    checks: tuple[Check, ...]
+    image: ImageRef | None
+    base: BaseRef | None
+    engine: EngineRef
+    lab_version: str
+    started: IsoTime
+
+
+class UnfinishedRun(Document):
+    """result.json of a run that stopped without a verdict: interrupted (Ctrl-C) or failed (the
+    infrastructure broke). `verdict` is always null."""
+
+    kind: Literal["run"] = "run"
+    scenario: str
+    case: str
+    torch: str
+    arch: Arch
+    backend: str | None = None
+    mode: str | None = None
+    verdict: None = None
+    status: Literal["interrupted", "failed"]
+    reason: str
+    run_dir: str
+
+
+def _finished_or_not(data: Any) -> str:
+    if isinstance(data, dict):
+        return "unfinished" if data.get("verdict") is None else "finished"
+    return "unfinished" if getattr(data, "verdict", None) is None else "finished"
+
+
+AnyRun = Annotated[Annotated[RunResult, Tag("finished")] | Annotated[UnfinishedRun, Tag("unfinished")],
+                   Discriminator(_finished_or_not)]
+RUN_FILE = TypeAdapter(AnyRun)
+
+
+# --- evidence.json -------------------------------------------------------------------------------------
+class DuplicateRuntimeDetail(Record):
+    family: str
+    label: str
+    pid: int
+    paths: tuple[str, ...]
+    needed_by: tuple[str | None, ...]   # who asked for each file, in the order of `paths`
+
+
+class GraphBreakDetail(Record):
+    reason: str
+    explanation: str | None
+    hints: tuple[str, ...]
+    user_code: tuple[str, ...]
+
+
+class ExceptionDetail(Record):
+    type: str
+    message: str
+    graph_break: GraphBreakDetail | None = None
+
+
+class SingleRuntime(Record):
+    """A runtime family of which every process loaded one file, the same one."""
+
+    family: str
+    path: str
+    processes: int
+
+
+class LimitsDetail(Record):
+    memory_bytes: int | None
+    pids: int | None
+    cpus: float | None
+    network: bool
+    output_bytes: int | None = None   # cap on what is copied out of /out
+    output_files: int | None = None   # cap on the number of files copied out of /out
+    stream_bytes: int | None = None   # cap on each of stdout and stderr
+
+
+class EvidenceRecord(Document):
+    """evidence.json: everything the analysis found, and the judge's checks."""
+
+    kind: Literal["evidence"] = "evidence"
+    exit_code: int | None
+    timed_out: bool
+    oom_killed: bool
+    duration_s: float
+    emulated: bool
+    processes: int
+    duplicate_runtimes: tuple[DuplicateRuntimeDetail, ...]
+    exception: ExceptionDetail | None
+    exceptions: tuple[ExceptionDetail, ...]
+    emulator_crash: str | None
+    single_runtimes: tuple[SingleRuntime, ...]
+    stopped_for: str | None
+    limits: LimitsDetail | None
+    capture: CaptureDetail | None = None
+    judgement: Judgement
+
+
+# --- a bisection: bisect.json and `lab bisect --json` ----------------------------------------------
+class Probe(Record):
+    """What one release did. `verdict` is the raw verdict (e.g. `error` for a skip); it defaults to
+    the outcome, or to `skip` when only the outcome is known."""
+
+    version: str = Field(alias="torch")
+    verdict: Literal["reproduced", "not_reproduced", "error", "timeout", "skip"]  # given, or the outcome
+    outcome: Outcome
+    reason: str = ""
+    evidence: str = ""
+    run_dir: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verdict_from_outcome(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("verdict") and isinstance(data.get("outcome"), str):
+            data = {**data, "verdict": data["outcome"]}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Probe:
+        if outcome_of(self.verdict) != self.outcome:
+            raise ValueError(f"verdict {self.verdict!r} contradicts outcome {self.outcome!r}")
+        return self
+
+    @classmethod
+    def judged(cls, version: str, verdict: object, reason: str = "", evidence: str = "",
+               run_dir: str | None = None) -> Probe:
+        """A probe from a judge's verdict (`Verdict` or string): the outcome follows from it."""
+        raw = str(getattr(verdict, "value", verdict))
+        return cls(version=version, verdict=raw, outcome=outcome_of(raw), reason=reason, evidence=evidence,
+                   run_dir=run_dir)
+
+    @property
+    def skipped(self) -> bool:
+        return self.outcome == SKIP
+
+
+FOUND, AMBIGUOUS, NO_CHANGE, NO_RUNNABLE_PAIR = "found", "ambiguous", "no_change", "no_runnable_pair"
+
+
+class BisectResult(Document):
+    """Where the behaviour changes (lab.bisect finds it; lab.bisect_run adds where and how it ran).
+
+    `last_old` is the newest release that behaves like the old end, `first_new` the oldest that
+    behaves like the new end; both are runnable releases, never skips. `from_verdict`/`to_verdict`
+    are the verdicts of the runnable ends actually used (`old_end`/`new_end`), which differ from the
+    requested ends (`from`/`to`) when those were skipped. `skipped_between` lists the skipped
+    releases between `last_old` and `first_new` (non-empty exactly when `ambiguous`).
+    """
+
+    kind: Literal["bisect"] = "bisect"
+    from_verdict: Literal["reproduced", "not_reproduced"] | None = None
+    to_verdict: Literal["reproduced", "not_reproduced"] | None = None
+    last_old: str | None = None
+    first_new: str | None = None
+    steps: tuple[Probe, ...] = ()
+    status: Literal["found", "ambiguous", "no_change", "no_runnable_pair"]
+    ambiguous: bool = False
+    skipped_between: tuple[str, ...] = ()
+    from_version: str = Field(alias="from")
+    to_version: str = Field(alias="to")
+    old_end: str | None = None
+    new_end: str | None = None
+    notes: tuple[str, ...] = ()
+    # where and how the driver ran it (absent from the pure search's answer)
+    scenario: str | None = None
+    arch: Arch | None = None
+    candidates: tuple[str, ...] = ()
+    folder: str | None = None
+    resume: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """Every release that was probed and skipped, in probe order."""
+        return tuple(p.version for p in self.steps if p.skipped)
+
+    @property
+    def direction(self) -> str | None:
+        """`regression` (not_reproduced -> reproduced), `fix` (the reverse), or None."""
+        if self.status not in (FOUND, AMBIGUOUS):
+            return None
+        return "regression" if self.to_verdict == REPRODUCED else "fix"
+
+    @property
+    def summary(self) -> str:
+        """One paragraph that states the result (what the CLI prints and the report leads with)."""
+        old = f"{self.old_end} ({self.from_verdict})"
+        new = f"{self.new_end} ({self.to_verdict})"
+        if self.status == FOUND:
+            text = (f"first release that behaves like {new}: {self.first_new}; "
+                    f"last like {old}: {self.last_old}.")
+        elif self.status == AMBIGUOUS:
+            text = (f"the change lies between {self.last_old} ({self.from_verdict}) and {self.first_new} "
+                    f"({self.to_verdict}), but {', '.join(self.skipped_between)} could not be run, so the "
+                    "boundary is ambiguous: it is one of " + ", ".join((*self.skipped_between, self.first_new))
+                    + ".")
+        elif self.status == NO_CHANGE:
+            text = (f"both ends {self.from_verdict}: nothing to bisect ({self.old_end}: {self.from_verdict}, "
+                    f"{self.new_end}: {self.to_verdict}).")
+        else:
+            runnable = [f"{p.version} ({p.verdict})" for p in self.steps if not p.skipped]
+            text = ("no two releases with different verdicts could be run: "
+                    + (f"only {runnable[0]} ran" if runnable else "every release probed was skipped")
+                    + f" between {self.from_version} and {self.to_version}.")
+        if self.notes and self.status != FOUND:
+            text += " " + " ".join(n if n.endswith(".") else n + "." for n in self.notes)
+        return text
+
+
+# --- a matrix: `lab run --torch A,B --arch X,Y --json` ------------------------------------------------
+CellVerdict = Literal["reproduced", "not_reproduced", "error", "timeout", "flaky", "mixed", "not_run"]
+
+
+class MatrixRun(Record):
+    verdict: Verdict
+    run_dir: str
+    reason: str
+
+
+class MatrixCell(Record):
+    """One case of a matrix, run `repeat` times: one verdict when every run agrees, else `flaky`
+    (reproduced and not) or `mixed` (with errors); `rate` among the runs that reached a verdict."""
+
+    cell: str
+    torch: str
+    arch: Arch
+    backend: str | None
+    verdict: CellVerdict
+    repeat: int
+    reproduced: int
+    runnable: int
+    rate: float | None
+    runs: tuple[MatrixRun, ...]
+
+
+class MatrixResult(Document):
+    kind: Literal["matrix"] = "matrix"
+    scenario: str
+    cells: tuple[MatrixCell, ...]
+
+
+# --- an ablation: ablation.json and `lab run --ablate --json` --------------------------------------
+class AblationStep(Record):
+    backend: str
+    mode: str | None
+    verdict: Verdict
+    reason: str
+    run_dir: str | None
+
+
+class AblationResult(Document):
+    kind: Literal["ablation"] = "ablation"
+    scenario: str
+    torch: str
+    arch: Arch
+    emulated: bool
+    run_dir: str
+    ablation: tuple[AblationStep, ...]
+    layer: Literal["dynamo", "aot_autograd", "inductor", "inductor-max-autotune"] | None
+    conclusion: str
+
+
+# --- reading --------------------------------------------------------------------------------------------
+def read_result(run_dir: Path | str, *, where: str | None = None) -> RunResult | UnfinishedRun:
+    """The result.json of a run folder, through the model: every consumer reads results with this.
+
+    Raises ResultError (naming `where`, default the file) when the file is missing, is not JSON, is
+    another kind of document, comes from a newer lab, or does not fit the schema.
+    """
+    path = Path(run_dir) / RESULT_NAME
+    name = where or str(path)
+    missing = "" if where else f", so {run_dir} is not a run folder"
+    hint = "Pass a folder that `lab run` made, such as runs/<scenario>/<time>-torch<v>-<arch>."
+    return parse_result(_read_bytes(path, name, missing, hint), name)
+
+
+DocumentT = TypeVar("DocumentT", bound=Document)
+
+
+def read_document(path: Path | str, model: type[DocumentT]) -> DocumentT:
+    """Another document (bisect.json, ablation.json, evidence.json) through its model, checked like
+    result.json: its kind, and a schema version this lab reads (one without is lab 0.1.0's, whose
+    fields these documents kept)."""
+    name = str(path)
+    data = _parse_json(_read_bytes(Path(path), name), name)
+    kind = model.model_fields["kind"].default
+    _schema_version(data, name, kind)
+    try:
+        return model.model_validate({**data, "schema_version": SCHEMA_VERSION, "kind": kind})
+    except ValidationError as exc:
+        raise ResultError(f"{name}: {validation_problem(exc)}.", hint=_more(exc) + _DAMAGED) from None
+
+
+def _read_bytes(path: Path, name: str, missing: str = "", hint: str | None = None) -> bytes:
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise FileNotFoundError
+        with path.open("rb") as handle:
+            raw = handle.read(_MAX_RESULT_BYTES + 1)
+    except FileNotFoundError:
+        raise ResultError(f"{name}: there is no such file{missing}.", hint=hint) from None
+    except OSError as exc:
+        raise ResultError(f"{name}: cannot be read ({exc.strerror or exc}).") from None
+    if len(raw) > _MAX_RESULT_BYTES:
+        raise ResultError(f"{name}: is larger than {_MAX_RESULT_BYTES >> 20} MiB, more than any result.",
+                          hint=_DAMAGED)
+    return raw
+
+
+_DAMAGED = "The run folder is damaged or was not made by `lab run`; run the scenario again."
+
+
+def parse_result(raw: bytes | str, where: str) -> RunResult | UnfinishedRun:
+    """result.json's text as a RunResult (verdict reached) or an UnfinishedRun; schema 0 is migrated."""
+    data = _parse_json(raw, where)
+    version = _schema_version(data, where, "run")
+    if version == 0:
+        data = _migrate_run_v0(data)
+    try:
+        return RUN_FILE.validate_python(data)
+    except ValidationError as exc:
+        old = (" (it has no `schema_version`, so it was read as the unversioned layout of lab 0.1.0, and it "
+               "is not that either)") if version == 0 else ""
+        raise ResultError(f"{where}: {validation_problem(exc)}{old}.", hint=_more(exc) + _DAMAGED) from None
+
+
+def _parse_json(raw: bytes | str, where: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)  # UTF-8 only, no guessing
+    except UnicodeDecodeError as exc:
+        raise ResultError(f"{where}: is not UTF-8 text (byte {exc.start}).", hint=_DAMAGED) from None
+    except json.JSONDecodeError as exc:
+        raise ResultError(f"{where}: is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).",
+                          hint=_DAMAGED) from None
+    except (ValueError, RecursionError) as exc:
+        raise ResultError(f"{where}: is not usable JSON ({str(exc)[:200] or 'nested too deeply'}).",
+                          hint=_DAMAGED) from None
+    if not isinstance(data, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+            type(data), "null")
+        raise ResultError(f"{where}: is {kind} in JSON, not an object.", hint=_DAMAGED)
+    return data
+
+
+_KIND_WORDS = {"run": "a run's result", "evidence": "a run's evidence", "bisect": "a bisection's result",
+               "matrix": "a matrix's result", "ablation": "an ablation's result"}
+
+
+def _schema_version(data: dict[str, Any], where: str, kind: str) -> int:
+    """The document's schema version, after checking its kind; 0 when it predates versions."""
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ResultError(f"{where}: field `schema_version` must be a whole number, got {_show(version)}.",
+                          hint=_DAMAGED)
+    found = data.get("kind", kind if version == 0 else None)
+    if found != kind:
+        what = _KIND_WORDS.get(found, f"of kind {_show(found)}") if isinstance(found, str) else \
+            f"without a valid `kind` ({_show(found)})"
+        raise ResultError(f"{where}: is {what}, not {_KIND_WORDS[kind]}.",
+                          hint=f"Pass the {RESULT_NAME} of a run folder." if kind == "run" else None)
+    if version > SCHEMA_VERSION:
+        raise ResultError(
+            f"{where}: was written by a newer torch-repro-lab (schema_version {version}); this lab "
+            f"reads schema_version {SCHEMA_VERSION} and the older unversioned layout.",
+            hint="Upgrade torch-repro-lab to read it.")
+    return version
+
+
+# Fields lab 0.1.0 added to result.json over time; a schema-0 file may lack them.
+_V0_DEFAULTS: dict[str, Any] = {"backend": None, "mode": None, "summary": [], "graph_breaks": None,
+                                "exit_code": None, "duration_s": None, "killed": None, "limits": None,
+                                "checks": [], "image": None, "base": None}
+
+
+def _migrate_run_v0(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 0 (no `schema_version`) -> schema 1: the fields added since, with the values that mean
+    "not recorded". Unfinished runs had the same keys as now."""
+    migrated = {**data, "schema_version": SCHEMA_VERSION, "kind": "run"}
+    if data.get("verdict") is not None:
+        for key, value in _V0_DEFAULTS.items():
+            migrated.setdefault(key, value)
+    return migrated
+
+
+def validation_problem(exc: ValidationError) -> str:
+    """A pydantic error as words: the first problem, with the field's dotted path."""
+    error = exc.errors()[0]
+    loc = format_loc(tuple(error["loc"]))
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "missing":
+        return f"the required field `{loc}` is missing"
+    if error["type"] == "extra_forbidden":
+        return f"unknown field `{loc}`"
+    return (f"field `{loc}`: " if loc else "") + f"{message}, got {_show(error.get('input'))}"
+
+
+def _more(exc: ValidationError) -> str:
+    more = len(exc.errors()) - 1
+    return f"{more} more problem{'s' if more > 1 else ''} after this one. " if more else ""
+
+
+def format_loc(loc: Sequence[Any]) -> str:
+    """('evidence', 'duplicate_runtimes', 0, 'pid') -> 'evidence.duplicate_runtimes[0].pid' (the
+    union's branch tags left out)."""
+    text = ""
+    for part in loc:
+        if part in ("finished", "unfinished"):
+            continue
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    # a key comes from the file: keep the message one line, whatever the key holds
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,1 @@
+"""Drivers over single runs: matrix, bisect, ablation."""

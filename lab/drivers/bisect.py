@@ -1,0 +1,157 @@
+"""Bisection over an ordered list of releases: pure logic, no I/O.
+
+The driver hands in the candidate releases (oldest first, already cut to
+[--from, --to]) and a `probe(version) -> Probe` callable that builds, runs and
+judges one release (and, to resume, reuses a run folder it already has). This
+module only decides which release to probe next, like mozregression's
+`Bisection`: both ends first, then binary search.
+
+A probe whose verdict says nothing about the bug (`error`, `timeout`: a failed
+build or install, a crash under emulation) is a *skip*, as in `git bisect skip`.
+A skipped release is never reported as a boundary. When an end is skipped, the
+nearest runnable release inwards stands in for it; when a midpoint is skipped,
+the untested release nearest the middle is tried instead. If skips surround the
+boundary, the result is `ambiguous` and names the range.
+
+The search is deterministic: the same list and the same probe answers give the
+same probe order, so a resumed bisection asks for the same releases again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from lab.core.errors import LabError
+from lab.core.results import (
+    AMBIGUOUS,
+    FOUND,
+    NO_CHANGE,
+    NO_RUNNABLE_PAIR,
+    NOT_REPRODUCED,
+    OUTCOMES,
+    REPRODUCED,
+    SKIP,
+    BisectResult,
+    Probe,
+    outcome_of,
+)
+
+__all__ = ["AMBIGUOUS", "FOUND", "NO_CHANGE", "NO_RUNNABLE_PAIR", "NOT_REPRODUCED", "OUTCOMES", "REPRODUCED",
+           "SKIP", "BisectError", "BisectResult", "Probe", "bisect", "cost_bound", "outcome_of"]
+
+
+class BisectError(LabError):
+    """The releases given cannot be bisected (fewer than two, repeated, or a probe broke the contract)."""
+
+
+def cost_bound(k: int) -> int:
+    """The most non-skipped probes a bisection over `k` releases makes: ceil(log2 k) + 2."""
+    return (k - 1).bit_length() + 2 if k > 0 else 0
+
+
+class _Search:
+    """One bisection: remembers every probe, asks each release at most once."""
+
+    def __init__(self, versions: Sequence[str], probe: Callable[[str], Probe]) -> None:
+        self.versions = list(versions)
+        self.probe_fn = probe
+        self.seen: dict[int, Probe] = {}
+        self.steps: list[Probe] = []
+        self.notes: list[str] = []
+
+    def outcome(self, i: int) -> str:
+        if i not in self.seen:
+            version = self.versions[i]
+            result = self.probe_fn(version)
+            if not isinstance(result, Probe):
+                raise BisectError(f"the probe for {version} returned {type(result).__name__}, not a Probe.")
+            if result.version != version:
+                raise BisectError(f"asked to probe {version}, the probe answered for {result.version}.")
+            self.seen[i] = result
+            self.steps.append(result)
+        return self.seen[i].outcome
+
+    def reason(self, i: int) -> str:
+        p = self.seen[i]
+        return p.reason.strip().rstrip(".") or p.verdict
+
+    def walk(self, start: int, stop: int, step: int, which: str) -> int | None:
+        """From the end at `start`, the first runnable release towards (not including) `stop`."""
+        skipped: list[str] = []
+        i = start
+        while i != stop:
+            if self.outcome(i) != SKIP:
+                break
+            skipped.append(f"{self.versions[i]} skipped: {self.reason(i)}")
+            i += step
+        else:
+            i = None
+        if skipped:
+            tail = f"using {self.versions[i]} as the {which} end" if i is not None else f"no runnable {which} end"
+            self.notes.append("; ".join([*skipped, tail]))
+        return i
+
+    def pick(self, lo: int, hi: int) -> int | None:
+        """The untested release nearest the middle of (lo, hi), counted over untested releases only,
+        so that each runnable answer halves what is left; None when every release inside is known."""
+        untested = [i for i in range(lo + 1, hi) if i not in self.seen]
+        return untested[(len(untested) - 1) // 2] if untested else None
+
+
+def bisect(versions: Sequence[str], probe: Callable[[str], Probe]) -> BisectResult:
+    """Find where the verdict changes between `versions[0]` and `versions[-1]` (oldest first).
+
+    Raises BisectError for fewer than two releases or repeated ones. Every other
+    situation is a result: `found`, `ambiguous` (skips hide the exact boundary),
+    `no_change` (the runnable ends agree) or `no_runnable_pair`.
+    """
+    versions = list(versions)
+    if len(versions) < 2:
+        raise BisectError(
+            "there is nothing to bisect: " + (f"only {versions[0]} is a candidate release in the range"
+                                              if versions else "no candidate releases in the range") + ".",
+            hint="Widen --from/--to so that the range holds at least two releases.")
+    repeated = sorted({v for v in versions if versions.count(v) > 1})
+    if repeated:
+        raise BisectError(f"the candidate releases repeat {', '.join(repeated)}; each must appear once.")
+
+    s = _Search(versions, probe)
+    last = len(versions) - 1
+    s.outcome(0)
+    s.outcome(last)
+    lo = s.walk(0, last, 1, "old")
+    hi = s.walk(last, lo, -1, "new") if lo is not None else None
+    base = {"from_version": versions[0], "to_version": versions[-1]}
+
+    def done(status: str, **kw) -> BisectResult:
+        return BisectResult(status=status, steps=tuple(s.steps), notes=tuple(s.notes), **base, **kw)
+
+    if lo is None or hi is None:
+        if lo is not None:
+            known = {"from_verdict": s.seen[lo].outcome, "old_end": versions[lo]}
+        elif s.seen[last].outcome != SKIP:
+            known = {"to_verdict": s.seen[last].outcome, "new_end": versions[last]}
+        else:
+            known = {}
+        return done(NO_RUNNABLE_PAIR, **known)
+    old_verdict, new_verdict = s.seen[lo].outcome, s.seen[hi].outcome
+    ends = {"from_verdict": old_verdict, "to_verdict": new_verdict,
+            "old_end": versions[lo], "new_end": versions[hi]}
+    if old_verdict == new_verdict:
+        return done(NO_CHANGE, **ends)
+
+    while (i := s.pick(lo, hi)) is not None:
+        answer = s.outcome(i)
+        if answer == old_verdict:
+            lo = i
+        elif answer == new_verdict:
+            hi = i
+        else:
+            s.notes.append(f"{versions[i]} skipped: {s.reason(i)}")
+
+    between = tuple(versions[lo + 1:hi])  # all probed, all skipped
+    if between:
+        s.notes.append(f"the boundary is ambiguous: {', '.join(between)} could not be run between "
+                       f"{versions[lo]} and {versions[hi]}")
+    return done(AMBIGUOUS if between else FOUND, **ends, last_old=versions[lo], first_new=versions[hi],
+                ambiguous=bool(between), skipped_between=between)

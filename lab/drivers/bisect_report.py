@@ -1,0 +1,184 @@
+"""A bisection's report: bisect.md (summary, resume command, every probe), bisect.svg, bisect.json.
+
+The SVG is written by hand (no plotting dependency): one mark per candidate
+release, coloured by what its probe said, and the boundary between `last_old`
+and `first_new`. Every file is deterministic: the same result gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
+from xml.sax.saxutils import escape
+
+from lab.drivers.bisect import AMBIGUOUS, FOUND, NOT_REPRODUCED, REPRODUCED, SKIP, BisectResult, Probe
+
+MD_NAME, SVG_NAME, JSON_NAME = "bisect.md", "bisect.svg", "bisect.json"
+
+# fill, stroke per outcome; untested releases are hollow
+_COLOURS = {REPRODUCED: ("#d62728", "#8c1a1b"), NOT_REPRODUCED: ("#2ca02c", "#1b641b"),
+            SKIP: ("#bdbdbd", "#6e6e6e"), None: ("#ffffff", "#9e9e9e")}
+_LEGEND = ((REPRODUCED, "reproduced"), (NOT_REPRODUCED, "not reproduced"), (SKIP, "skipped (error/timeout)"),
+           (None, "untested"))
+_STEP, _MARGIN, _R, _Y = 56, 48, 9, 64
+
+
+def write_bisect_report(folder: str | os.PathLike, scenario_name: str, arch: str, result: BisectResult,
+                        candidates: Sequence[str], resume_command: str = "") -> Path:
+    """Write bisect.md, bisect.svg and bisect.json into `folder`; return the path of bisect.md."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SVG_NAME).write_text(render_svg(scenario_name, arch, result, candidates), encoding="utf-8",
+                                newline="\n")
+    record = result.model_copy(update={"scenario": scenario_name, "arch": str(arch), "candidates": tuple(candidates),
+                                       "resume": resume_command or result.resume})
+    record.write(out / JSON_NAME)
+    md = out / MD_NAME
+    md.write_text(render_markdown(out, scenario_name, arch, result, candidates, resume_command),
+                  encoding="utf-8", newline="\n")
+    return md
+
+
+# -- markdown ---------------------------------------------------------------------------------------
+
+def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
+                    candidates: Sequence[str], resume_command: str = "") -> str:
+    lines = [f"# Bisect: {_md(scenario_name)} ({_md(str(arch))}), {_md(result.from_version)} to "
+             f"{_md(result.to_version)}", "",
+             f"**Result ({result.status}).** {_md(result.summary)}", ""]
+    if resume_command:
+        lines += ["To resume or repeat it (releases that already have a run folder are not run again):", "",
+                  "```sh", resume_command, "```", ""]
+    lines += [f"![Timeline of the {len(candidates)} candidate releases]({SVG_NAME})", "",
+              "## Probes", "", "In the order they ran.", "",
+              "| # | release | verdict | evidence | run folder |", "|---:|---|---|---|---|"]
+    for n, probe in enumerate(result.steps, 1):
+        lines.append(f"| {n} | {_cell(probe.version)} | {_cell(_verdict(probe, result))} | "
+                     f"{_cell(_one_line(probe.evidence or probe.reason))} | {_run_link(folder, probe.run_dir)} |")
+    if result.notes:
+        lines += ["", "## Notes", ""] + [f"- {_md(note)}" for note in result.notes]
+    tested = {p.version for p in result.steps}
+    untested = [v for v in candidates if v not in tested]
+    lines += ["", f"Candidates ({len(candidates)}): {_md(', '.join(candidates))}."]
+    if untested:
+        lines.append(f"Not probed ({len(untested)}): {_md(', '.join(untested))}.")
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(probe: Probe, result: BisectResult) -> str:
+    text = probe.verdict if not probe.skipped else f"{probe.verdict} (skipped)"
+    if probe.version == result.last_old and result.status in (FOUND, AMBIGUOUS):
+        text += ", last old"
+    if probe.version == result.first_new and result.status in (FOUND, AMBIGUOUS):
+        text += ", first new"
+    return text
+
+
+def _one_line(text: str, limit: int = 140) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
+
+
+def _md(text: str) -> str:
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _cell(text: str) -> str:
+    return _md(text).replace("|", "\\|") or "—"
+
+
+def _run_link(folder: Path, run_dir: str | None) -> str:
+    if not run_dir:
+        return "—"
+    target = Path(run_dir)
+    rel = Path(os.path.relpath(target, folder)) if target.is_absolute() else target
+    text = rel.as_posix()
+    return f"[{_cell(text)}]({quote(text)}/)"
+
+
+# -- svg --------------------------------------------------------------------------------------------
+
+def render_svg(scenario_name: str, arch: str, result: BisectResult, candidates: Sequence[str]) -> str:
+    """A timeline of every candidate release: a mark each, coloured by verdict, with the boundary."""
+    probes = {p.version: (n, p) for n, p in enumerate(result.steps, 1)}
+    count = max(len(candidates), 1)
+    legend = _MARGIN + sum(_legend_step(label) for _, label in _LEGEND)
+    width = max(2 * _MARGIN + _STEP * (count - 1), legend)
+    longest = max((len(v) for v in candidates), default=4)
+    label_drop = 12 + int(longest * 6.5 * 0.71)  # labels at 45 degrees
+    legend_y = _Y + 24 + label_drop + 16
+    height = legend_y + 20
+    x_of = {v: _MARGIN + _STEP * i for i, v in enumerate(candidates)}
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+             f"<title>{escape(f'bisect {scenario_name} ({arch})')}: {escape(result.summary)}</title>",
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+             f'<text x="{_MARGIN - _R}" y="18" font-size="13" font-weight="bold">'
+             f"{escape(f'{scenario_name} ({arch}): {result.status}')}</text>"]
+    parts += _boundary(result, x_of)
+    if candidates:
+        parts.append(f'<line x1="{x_of[candidates[0]]}" y1="{_Y}" x2="{x_of[candidates[-1]]}" y2="{_Y}" '
+                     'stroke="#9e9e9e" stroke-width="2"/>')
+    for version in candidates:
+        parts += _mark(version, x_of[version], probes.get(version))
+    parts += _legend(legend_y)
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _boundary(result: BisectResult, x_of: dict[str, int]) -> list[str]:
+    if result.status not in (FOUND, AMBIGUOUS) or result.last_old not in x_of or result.first_new not in x_of:
+        return []
+    x0, x1 = x_of[result.last_old], x_of[result.first_new]
+    if result.status == FOUND:
+        x = (x0 + x1) // 2
+        label = f"changes between {result.last_old} and {result.first_new}"
+        return [f'<line x1="{x}" y1="{_Y - 26}" x2="{x}" y2="{_Y + 16}" stroke="#000000" stroke-width="2" '
+                'stroke-dasharray="4 3"/>',
+                f'<text x="{x}" y="{_Y - 30}" text-anchor="middle">{escape(label)}</text>']
+    label = f"ambiguous: between {result.last_old} and {result.first_new}"
+    return [f'<rect x="{x0}" y="{_Y - 24}" width="{x1 - x0}" height="40" fill="#fff3c4" stroke="#c9a227" '
+            'stroke-dasharray="4 3"/>',
+            f'<text x="{(x0 + x1) // 2}" y="{_Y - 30}" text-anchor="middle">{escape(label)}</text>']
+
+
+def _mark(version: str, x: int, probed: tuple[int, Probe] | None) -> list[str]:
+    outcome = probed[1].outcome if probed else None
+    fill, stroke = _COLOURS[outcome]
+    if probed:
+        n, p = probed
+        tip = f"{version}: {p.verdict}" + (f" ({_one_line(p.reason, 200)})" if p.reason else "") + f", probe {n}"
+    else:
+        tip = f"{version}: untested"
+    out = [f"<g><title>{escape(tip)}</title>",
+           f'<circle cx="{x}" cy="{_Y}" r="{_R}" fill="{fill}" stroke="{stroke}" stroke-width="2"/>']
+    if outcome == SKIP:
+        d = _R - 4
+        out.append(f'<path d="M{x - d} {_Y - d}L{x + d} {_Y + d}M{x - d} {_Y + d}L{x + d} {_Y - d}" '
+                   f'stroke="{stroke}" stroke-width="2"/>')
+    if probed:
+        out.append(f'<text x="{x}" y="{_Y - _R - 4}" text-anchor="middle" font-size="9" fill="#555555">'
+                   f"{probed[0]}</text>")
+    ly = _Y + _R + 12
+    out.append(f'<text x="{x - 3}" y="{ly}" transform="rotate(45 {x - 3} {ly})">{escape(version)}</text></g>')
+    return out
+
+
+def _legend_step(label: str) -> int:
+    return 26 + int(len(label) * 6.3)
+
+
+def _legend(y: int) -> list[str]:
+    out, x = [], _MARGIN
+    for outcome, label in _LEGEND:
+        fill, stroke = _COLOURS[outcome]
+        out.append(f'<circle cx="{x}" cy="{y}" r="6" fill="{fill}" stroke="{stroke}" stroke-width="2"/>')
+        if outcome == SKIP:
+            out.append(f'<path d="M{x - 3} {y - 3}L{x + 3} {y + 3}M{x - 3} {y + 3}L{x + 3} {y - 3}" '
+                       f'stroke="{stroke}" stroke-width="1.5"/>')
+        out.append(f'<text x="{x + 10}" y="{y + 4}">{escape(label)}</text>')
+        x += _legend_step(label)
+    return out

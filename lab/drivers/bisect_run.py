@@ -1,0 +1,161 @@
+"""The bisect driver: candidate releases from the index, one real run per probe, resumable.
+
+`lab.bisect` decides which release to probe; this module runs it. Each probe is an
+ordinary run folder, `<runs>/<scenario>/bisect-<arch>-<from>-<to>/torch<version>/`, so
+an interrupted bisection resumes from the folders that already hold a verdict: the
+same command, run again, asks for the same releases and reuses those answers.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from lab.build import releases
+from lab.build.hostpip import HostPip
+from lab.build.resolve import base_python, parse_arch, resolve
+from lab.core.errors import EngineError, LabError, ScenarioError
+from lab.core.records import Events, no_events
+from lab.core.results import RESULT_NAME, RunResult, read_result
+from lab.drivers.bisect import BisectResult, Probe, bisect
+from lab.engine.docker_engine import Engine
+from lab.scenario.schema import Scenario
+
+if TYPE_CHECKING:
+    from lab.pipeline import RunCase
+
+
+class Releases(Protocol):
+    """Where the candidate releases come from: torch versions, oldest first, that have a wheel for
+    `python` on `arch`. `index_releases(host)` reads the host's package index; tests pass a list."""
+
+    def __call__(self, *, python: str, arch: str, include_pre: bool) -> list[str]: ...
+
+
+def index_releases(host: HostPip, refresh: bool = False) -> Releases:
+    """The torch releases on the index (and find-links) that the host's pip uses."""
+    def found(*, python: str, arch: str, include_pre: bool) -> list[str]:
+        return releases.candidates("torch", host=host, python=python, arch=arch, include_pre=include_pre,
+                                   refresh=refresh)
+    return found
+
+
+@dataclass(frozen=True)
+class BisectRun:
+    folder: Path
+    result: BisectResult
+    candidates: list[str]
+    resume_command: str
+
+
+def bisect_folder(runs_root: Path, scenario: Scenario, arch: str, old: str, new: str) -> Path:
+    return runs_root / scenario.name / f"bisect-{arch}-{old}-{new}"
+
+
+def resume_command(scenario_ref: str, old: str, new: str, arch: str, runs_root: Path, pre: bool) -> str:
+    words = ["lab", "bisect", scenario_ref, "--from", old, "--to", new, "--arch", arch, "--out", str(runs_root)]
+    return shlex.join(words + (["--pre"] if pre else []))
+
+
+def choose_arch(scenario: Scenario, arch: str | None) -> str:
+    chosen = parse_arch(arch)
+    if chosen:
+        return chosen
+    if len(scenario.arch) == 1:
+        return scenario.arch[0].value
+    raise ScenarioError(f"the scenario pins several arches ({', '.join(a.value for a in scenario.arch)}); "
+                        "choose one with --arch.", file=str(scenario.source), field="arch")
+
+
+def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: Releases, pre: bool) -> list[str]:
+    python = base_python(scenario.base)
+    if python is None:
+        raise ScenarioError(f"the lab cannot tell which Python the base image {scenario.base} has, so it "
+                            "cannot pick the releases that have a wheel for it.", file=str(scenario.source),
+                            field="base", hint="Bisect a scenario on a Debian or Ubuntu base.")
+    found = source(python=python, arch=arch, include_pre=pre)
+    return releases.between(found, old, new, what=releases.describe(python, arch))
+
+
+def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: str | None, engine: Engine,
+               host: HostPip, runs_root: Path, events: Events = no_events, *, pre: bool = False,
+               sets: dict[str, str] | None = None, on_probe: Callable[[Probe, bool], None] | None = None,
+               on_start: Callable[[list[str], Path, str], None] | None = None,
+               keep_images: bool = False, run_case: RunCase | None = None,
+               candidates: Releases | None = None) -> BisectRun:
+    """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
+
+    `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
+    (default: the host's package index). `on_start(candidates, folder, resume)` is called once the
+    releases are known; `on_probe(probe, reused)` after each probe. Raises LabError for bad input or
+    when the engine itself fails.
+
+    A bisection never probes a release twice, so the images its probes built are removed after
+    each probe unless `keep_images` (aarch64 torch from 2.11.0 makes images of about 7 GB)."""
+    from lab.drivers.bisect_report import write_bisect_report
+    if run_case is None:
+        from lab.pipeline import run_case as production
+        run_case = production
+
+    arch = choose_arch(scenario, arch)
+    found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre)
+    folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
+    folder.mkdir(parents=True, exist_ok=True)
+    resume = resume_command(scenario_ref, old, new, arch, runs_root, pre)
+    if on_start:
+        on_start(found, folder, resume)
+
+    def probe(version: str) -> Probe:
+        run_dir = folder / f"torch{version}"
+        previous = _finished(run_dir)
+        if previous is not None:
+            p = _probe_from(version, previous, run_dir)
+            if on_probe:
+                on_probe(p, True)
+            return p
+        if run_dir.exists():  # interrupted or failed before a verdict: start it again
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        case = resolve(scenario, torch=version, arch=arch, sets=sets)
+        events("bisect", f"probing torch {version} ({case.name})")
+        try:
+            outcome = run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=False,
+                               collect_env=False)
+            p = _probe_from(version, outcome.result, run_dir)
+            image = outcome.result.image
+            if not keep_images and image is not None and not image.cached:
+                events("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
+                engine.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
+                engine.remove_image(image.tag)
+        except EngineError:
+            raise  # the engine itself is gone: nothing else can run either
+        except LabError as exc:  # this release cannot be set up here: a skip, never a boundary
+            p = Probe.judged(version, "error", reason=str(exc).split("\n")[0][:300], run_dir=str(run_dir))
+        if on_probe:
+            on_probe(p, False)
+        return p
+
+    result = bisect(found, probe).model_copy(update={
+        "scenario": scenario.name, "arch": arch, "candidates": tuple(found), "folder": str(folder),
+        "resume": resume})
+    write_bisect_report(folder, scenario.name, arch, result, found, resume)
+    return BisectRun(folder, result, found, resume)
+
+
+def _finished(run_dir: Path) -> RunResult | None:
+    """The result of a probe that reached a verdict, if the folder has one. A folder without
+    result.json, or with an unfinished run's, is run again; one whose result.json this lab cannot
+    read is an error (ResultError), not a reason to delete it."""
+    if not (run_dir / RESULT_NAME).exists():
+        return None
+    result = read_result(run_dir)
+    return result if isinstance(result, RunResult) else None
+
+
+def _probe_from(version: str, result: RunResult, run_dir: Path) -> Probe:
+    evidence = "; ".join(result.summary[:2])
+    return Probe.judged(version, result.verdict, reason=result.reason, evidence=evidence, run_dir=str(run_dir))

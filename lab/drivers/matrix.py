@@ -1,0 +1,190 @@
+"""Scenario x (torch versions) x (arches) -> cells; `-k` selection; repeated runs -> a rate.
+
+Pure logic: the CLI hands `run_matrix` a function that runs one case (pipeline.run_case in
+production), so this module is unit-tested with a fake runner and without Docker.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from lab.build.resolve import Case, resolve
+from lab.core.errors import ScenarioError
+from lab.core.results import MatrixCell, MatrixResult, MatrixRun, RunResult
+from lab.scenario.schema import Scenario
+
+
+def split_list(value: str | None, option: str) -> list[str] | None:
+    """'2.5.1,2.9.1 , 2.10.0' -> ['2.5.1', '2.9.1', '2.10.0']; duplicates and empty items are errors."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",")]
+    if any(not v for v in items):
+        raise ScenarioError(f"{option} {value!r} has an empty item; separate values with commas.", field=option)
+    seen: set[str] = set()
+    for v in items:
+        if v in seen:
+            raise ScenarioError(f"{option} names {v} twice.", field=option)
+        seen.add(v)
+    return items
+
+
+def expand(scenario: Scenario, torch: list[str] | None = None, arch: list[str] | None = None,
+           backend: str | None = None, sets: dict[str, str] | None = None,
+           mode: str | None = None) -> list[Case]:
+    """Every (torch, arch) cell: the given lists, else every value the scenario pins. Version-major order."""
+    versions = torch or list(scenario.torch)
+    arches = arch or [a.value for a in scenario.arch]
+    return [resolve(scenario, torch=v, arch=a, backend=backend, sets=sets, mode=mode)
+            for v in versions for a in arches]
+
+
+# --- -k: pytest-style selection on cell names ----------------------------------
+_TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
+
+
+def select(cases: Iterable[Case], expression: str | None) -> list[Case]:
+    """Keep the cells whose name matches `expression`: substrings joined by `and`, `or`, `not`
+    and parentheses, as in pytest's -k (`-k "arch=arm64 and not 2.5.1"`)."""
+    cases = list(cases)
+    if not expression:
+        return cases
+    matcher = _parse_k(expression)
+    return [c for c in cases if matcher(c.name)]
+
+
+def _parse_k(expression: str) -> Callable[[str], bool]:
+    tokens = _TOKEN.findall(expression)
+    pos = 0
+
+    def bad(why: str) -> ScenarioError:
+        return ScenarioError(f"-k {expression!r}: {why}.", field="-k",
+                             hint='Use substrings of cell names with and/or/not, e.g. -k "arch=arm64 and not 2.5.1".')
+
+    def peek() -> str | None:
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take() -> str:
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def or_expr() -> Callable[[str], bool]:
+        left = and_expr()
+        while peek() == "or":
+            take()
+            right = and_expr()
+            left = (lambda a, b: lambda s: a(s) or b(s))(left, right)
+        return left
+
+    def and_expr() -> Callable[[str], bool]:
+        left = not_expr()
+        while peek() == "and":
+            take()
+            right = not_expr()
+            left = (lambda a, b: lambda s: a(s) and b(s))(left, right)
+        return left
+
+    def not_expr() -> Callable[[str], bool]:
+        if peek() == "not":
+            take()
+            inner = not_expr()
+            return lambda s: not inner(s)
+        return atom()
+
+    def atom() -> Callable[[str], bool]:
+        token = peek()
+        if token is None:
+            raise bad("it ends where a name was expected")
+        if token == "(":
+            take()
+            inner = or_expr()
+            if peek() != ")":
+                raise bad("a parenthesis is not closed")
+            take()
+            return inner
+        if token in (")", "and", "or"):
+            raise bad(f"unexpected {token!r}")
+        word = take()
+        return lambda s: word in s
+
+    matcher = or_expr()
+    if pos != len(tokens):
+        raise bad(f"unexpected {tokens[pos]!r}")
+    return matcher
+
+
+# --- running ------------------------------------------------------------------
+@dataclass
+class Cell:
+    case: Case
+    results: list[RunResult] = field(default_factory=list)  # one per repeat
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    @property
+    def verdicts(self) -> list[str]:
+        return [r.verdict.value for r in self.results]
+
+    @property
+    def reproduced(self) -> int:
+        return self.verdicts.count("reproduced")
+
+    @property
+    def runnable(self) -> int:
+        """Runs that reached a verdict about the bug (reproduced or not)."""
+        return sum(v in ("reproduced", "not_reproduced") for v in self.verdicts)
+
+    @property
+    def verdict(self) -> str:
+        """One word for the cell: the verdict when every run agrees, else `flaky`."""
+        verdicts = set(self.verdicts)
+        if not verdicts:
+            return "not_run"
+        if len(verdicts) == 1:
+            return verdicts.pop()
+        if verdicts <= {"reproduced", "not_reproduced"}:
+            return "flaky"
+        return "mixed"
+
+    @property
+    def rate(self) -> float | None:
+        """Reproduction rate among the runs that reached a verdict about the bug."""
+        return self.reproduced / self.runnable if self.runnable else None
+
+    def rate_words(self) -> str:
+        if self.rate is None:
+            return f"0/{len(self.results)} runs reached a verdict"
+        return f"{self.reproduced}/{self.runnable} reproduced ({self.rate:.0%})"
+
+    def record(self) -> MatrixCell:
+        return MatrixCell(cell=self.name, torch=self.case.torch, arch=self.case.arch.value,
+                          backend=self.case.backend, verdict=self.verdict, repeat=len(self.results),
+                          reproduced=self.reproduced, runnable=self.runnable,
+                          rate=None if self.rate is None else round(self.rate, 4),
+                          runs=tuple(MatrixRun(verdict=r.verdict, run_dir=r.run_dir, reason=r.reason)
+                                     for r in self.results))
+
+
+def run_matrix(cases: list[Case], run_one: Callable[[Case, int], RunResult], repeat: int = 1,
+               on_result: Callable[[Cell, RunResult], None] | None = None) -> list[Cell]:
+    """Run each case `repeat` times (`run_one(case, i)` runs it once and returns its result)."""
+    if repeat < 1:
+        raise ScenarioError(f"--repeat must be 1 or more, not {repeat}.", field="--repeat")
+    cells = [Cell(c) for c in cases]
+    for cell in cells:
+        for i in range(repeat):
+            result = run_one(cell.case, i)
+            cell.results.append(result)
+            if on_result:
+                on_result(cell, result)
+    return cells
+
+
+def matrix_result(scenario: Scenario, cells: list[Cell]) -> MatrixResult:
+    """`lab run --json` of a matrix."""
+    return MatrixResult(scenario=scenario.name, cells=tuple(c.record() for c in cells))

@@ -1,0 +1,1 @@
+"""Stage 3: the container engines. Only this package imports `docker`."""

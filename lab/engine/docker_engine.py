@@ -1,0 +1,587 @@
+"""The only module that talks to Docker (through the docker SDK).
+
+Every container and image the lab creates carries the label
+`org.torch-repro-lab.managed=true`, and every container is removed when its
+run ends (with its anonymous /out volume): on success, on error, on timeout and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urlparse
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import LogConfig, Mount, Ulimit
+
+from lab.core.errors import BuildError, EngineError
+from lab.core.records import (
+    EMULATOR_CRASH,
+    STOPPED_EMULATOR,
+    STOPPED_OUT_FULL,
+    STREAM_TAIL_BYTES,
+    Events,
+    OutputCopy,
+    RawRun,
+    RunLimits,
+    StreamCapture,
+    format_bytes,
+)
+from lab.core.safetar import extract_outputs
+from lab.scenario.schema import Arch
+
+LABEL = "org.torch-repro-lab.managed"
+LABELS = {LABEL: "true"}
+LAYERS_REPO = "torch-repro-lab/layers"  # anchors for shared layers (see anchor_shared_layers)
+OUT_IN_CONTAINER = "/out"
+# The user the script runs as: the image's `lab` user, made by dockerfiles/debian.Dockerfile.j2
+# (which also makes /out and its sub-folders, owned by it: Docker copies them into the new
+# volume). Numeric, so that an image without that user (a bare base in `lab doctor`) runs too.
+RUN_UID = 10001
+RUN_USER = f"{RUN_UID}:{RUN_UID}"
+RUN_HOME = "/tmp"  # the root filesystem is read-only: HOME (and caches under it) live on the tmpfs
+# The engine's own copy of the streams (json-file), bounded: the lab reads the streams live from
+# an attach; this log serves the emulator-crash watcher, which reads its last lines.
+ENGINE_LOG = {"max-size": "16m", "max-file": "2"}
+READ_FILE_BYTES = 64 * 1024**2  # Engine.read_file reads at most this much of one file
+OUTPUT_OF_BYTES = 16 * 1024**2  # Engine.output_of keeps at most this much output
+_POLL_S = 2.0
+_OUT_CHECK_S = 10.0  # how often the size of /out is checked while the script runs
+_JOIN_S = 60.0       # how long the stream reader may take to drain after the container ends
+# After QEMU's crash line (seen with aarch64 torch 2.13.0 and 2.15.0 under qemu-user 7.2) the
+# crashed process can run on for 20+ minutes, so the lab stops the container itself.
+_CRASH_GRACE_S = 5.0
+
+
+class Engine:
+    """A connected Docker engine."""
+
+    def __init__(self, client: docker.DockerClient, stream_client: docker.DockerClient | None = None) -> None:
+        self.client = client
+        # Attached streams may stay quiet for longer than any request timeout: a second client,
+        # configured the same way but without one, reads them.
+        self.stream_client = stream_client or client
+        self._info: dict | None = None
+
+    @classmethod
+    def connect(cls) -> Engine:
+        """Connect the way the docker CLI does (DOCKER_HOST, else the local socket)."""
+        try:
+            client = docker.from_env(version="auto", timeout=300)
+            client.ping()
+            stream_client = docker.from_env(version=client.api.api_version, timeout=None)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise EngineError(
+                f"the Docker engine does not answer ({_short(exc)}).",
+                hint="Start it (as root: `bin/setup-host`, or `systemctl start docker`), "
+                     "check DOCKER_HOST, then see `lab doctor`.") from None
+        return cls(client, stream_client)
+
+    # --- facts ---------------------------------------------------------------
+    def info(self) -> dict:
+        if self._info is None:
+            self._info = self.client.info()
+        return self._info
+
+    @property
+    def arch(self) -> Arch:
+        machine = self.info().get("Architecture", "x86_64")
+        try:
+            return Arch.parse(machine)
+        except ValueError:
+            raise EngineError(f"the engine runs on {machine}, which the lab does not support "
+                              "(amd64 and arm64 only).") from None
+
+    @property
+    def version(self) -> str:
+        return str(self.info().get("ServerVersion", "unknown"))
+
+    def has_gpu_runtime(self) -> bool:
+        return "nvidia" in (self.info().get("Runtimes") or {})
+
+    # --- images --------------------------------------------------------------
+    def image_id(self, ref: str, arch: Arch | None = None) -> str | None:
+        """The id of a local image, if present (and of the wanted arch)."""
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine failed to inspect {ref}: {_short(exc)}") from None
+        if arch is not None and image.attrs.get("Architecture") != arch.value:
+            return None
+        return image.id
+
+    def pull(self, ref: str, arch: Arch) -> str | None:
+        """Pull `ref` for `arch`; None when no registry can provide it."""
+        try:
+            image = self.client.images.pull(ref, platform=arch.platform)
+        except (docker.errors.APIError, docker.errors.DockerException,
+                requests.exceptions.RequestException):
+            return None
+        return image.id
+
+    def build_rootfs(self, rootfs: Path, tag: str, arch: Arch) -> str:
+        """Turn a rootfs tarball into an image of `arch` (FROM scratch; ADD rootfs.tar /)."""
+        dockerfile = b'FROM scratch\nADD rootfs.tar /\nCMD ["bash"]\n'
+        with tempfile.TemporaryFile() as ctx:
+            with tarfile.open(fileobj=ctx, mode="w") as tar:
+                info = tarfile.TarInfo("Dockerfile")
+                info.size = len(dockerfile)
+                tar.addfile(info, io.BytesIO(dockerfile))
+                tar.add(rootfs, arcname="rootfs.tar")
+            ctx.seek(0)
+            return self._build(ctx, tag, arch, {}, lambda line: None)
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the engine runs on this machine (its socket, or TCP to this host's loopback), so
+        that its builds with the host's network reach a server the lab listens with on 127.0.0.1."""
+        url = urlparse(str(self.client.api.base_url))
+        if url.scheme == "http+docker":
+            return url.hostname in ("localhost", "localunixsocket")
+        return url.hostname in ("127.0.0.1", "localhost", "::1")
+
+    def build(self, write_context: Callable[[BinaryIO], object], arch: Arch, base_ref: str, tag: str,
+              buildargs: dict[str, str], on_line: Callable[[str], None], network_mode: str | None = None) -> str:
+        """Build a context (`write_context` writes its tar, streamed through a temp file) for `arch`
+        and tag it. `network_mode` is the build steps' network ("host" to reach a server on the
+        host's loopback); None: the default. The engine knows nothing of plans or templates."""
+        with tempfile.TemporaryFile() as ctx:
+            write_context(ctx)
+            ctx.seek(0)
+            return self._build(ctx, tag, arch, {"BASE": base_ref, **buildargs}, on_line, network_mode)
+
+    def _build(self, ctx, tag: str, arch: Arch, buildargs: dict[str, str],
+               on_line: Callable[[str], None], network_mode: str | None = None) -> str:
+        log: list[str] = []
+        image_id = None
+        try:
+            stream = self.client.api.build(
+                fileobj=ctx, custom_context=True, tag=tag, platform=arch.platform, network_mode=network_mode,
+                buildargs=buildargs, labels=LABELS, rm=True, forcerm=True, pull=False, decode=True)
+            for chunk in stream:
+                if "stream" in chunk:
+                    for line in chunk["stream"].splitlines():
+                        log.append(line)
+                        on_line(line)
+                if "error" in chunk:
+                    log.append(chunk["error"])
+                    raise BuildError(f"the image build failed: {chunk['error'].strip()}",
+                                     log="\n".join(log))
+                if "aux" in chunk and "ID" in chunk["aux"]:
+                    image_id = chunk["aux"]["ID"]
+        except docker.errors.APIError as exc:
+            raise BuildError(f"the engine refused the build: {_short(exc)}", log="\n".join(log)) from None
+        except requests.exceptions.RequestException as exc:
+            raise BuildError(f"the build connection broke: {_short(exc)}", log="\n".join(log)) from None
+        if image_id is None:
+            image_id = self.image_id(tag)
+        if image_id is None:
+            raise BuildError("the build ended without an image.", log="\n".join(log))
+        return image_id
+
+    # --- containers ----------------------------------------------------------
+    def run(self, image: str, command: list[str], env: dict[str, str], out_dir: Path, logs_dir: Path,
+            arch: Arch, timeout: float, labels: dict[str, str], events: Events,
+            limits: RunLimits | None = None, reserved: Collection[str] = ()) -> RawRun:
+        """Run `command`; stdout/stderr go to files in `logs_dir`, and what it left in /out is
+        copied into `out_dir` once the container has stopped.
+
+        The script is untrusted: it runs as a non-root user on a read-only root filesystem, with
+        a tmpfs /tmp and an anonymous volume at /out (no bind mount: the host touches nothing
+        the container controls while it runs), no network (unless `limits.network`), no
+        capabilities, no-new-privileges, limits on memory, pids and CPUs, and no core dumps.
+        stdout and stderr are read live and kept up to `limits.stream_bytes` each (then only
+        their last MiB); /out comes out through the engine's archive API and
+        `safetar.extract_outputs` (no link, fifo or device is ever made; at most
+        `limits.output_bytes` and `limits.output_files`; names in `reserved` are the lab's own),
+        and is checked every few seconds while the script runs: past `limits.output_bytes` the
+        container is stopped. The timeout is enforced by killing the container through the
+        engine, and so is an emulator crash; the container and its volume are removed whatever
+        happens, Ctrl-C included.
+        """
+        limits = limits or RunLimits()
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        container = self._create(image, command, env, arch, labels, limits=limits, with_out=True)
+        emulated = arch != self.arch
+        reader: _StreamReader | None = None
+        watch: _OutWatch | None = None
+        try:
+            reader = _StreamReader(self._attach(container), logs_dir / "stdout.txt", logs_dir / "stderr.txt",
+                                   limits.stream_bytes)
+            reader.start()
+            started = time.monotonic()
+            _start(container)
+            watch = _OutWatch(container, limits.output_bytes)
+            watch.start()
+            exit_code, timed_out, stopped_for = self._wait(container, timeout, started, events,
+                                                           watch_crash=emulated)
+            duration = time.monotonic() - started
+            watch.stop()
+            streams = reader.finish(_JOIN_S)
+            container.reload()
+            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+            if watch.over is not None and stopped_for is None:
+                stopped_for = STOPPED_OUT_FULL
+                events("run", f"/out grew past its cap ({format_bytes(limits.output_bytes)}): "
+                              "the container was stopped")
+            outputs = self._copy_out(container, out_dir, limits, reserved)
+        finally:
+            if watch is not None:
+                watch.stop()
+            _remove(container)
+            if reader is not None:  # on the way out early (Ctrl-C, an engine error): close the files
+                reader.close()
+                reader.finish(5)
+        return RawRun(exit_code=exit_code, timed_out=timed_out, oom_killed=oom, duration_s=duration,
+                      stdout_path=logs_dir / "stdout.txt", stderr_path=logs_dir / "stderr.txt",
+                      loader_dir=out_dir / "ld", emulated=emulated, command=tuple(command),
+                      env=tuple(sorted(env.items())), limits=limits, stopped_for=stopped_for,
+                      streams=streams, outputs=outputs)
+
+    def output_of(self, image: str, command: list[str], arch: Arch, timeout: float,
+                  labels: dict[str, str]) -> tuple[int | None, str]:
+        """Run a short command in `image`, confined like a run, and return (exit code, combined
+        output; at most OUTPUT_OF_BYTES of it)."""
+        container = self._create(image, command, {}, arch, labels, limits=RunLimits())
+        try:
+            _start(container)
+            exit_code, _, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None,
+                                         watch_crash=arch != self.arch)
+            output = _read_capped(container.logs(stdout=True, stderr=True, stream=True, follow=False),
+                                  OUTPUT_OF_BYTES).decode("utf-8", "replace")
+        finally:
+            _remove(container)
+        return exit_code, output
+
+    def read_file(self, image: str, path: str) -> bytes | None:
+        """Read one regular file out of an image without starting a container (None when it is
+        absent, not a regular file, or larger than READ_FILE_BYTES)."""
+        container = self._create(image, ["true"], {}, None, {}, limits=RunLimits())
+        try:
+            stream, stat = container.get_archive(path)
+            if int(stat.get("size", 0)) > READ_FILE_BYTES:
+                return None
+            data = _read_capped(stream, READ_FILE_BYTES + 64 * 1024)
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                member = tar.next()
+                if member is None or not member.isreg():
+                    return None
+                fh = tar.extractfile(member)
+                return fh.read() if fh else None
+        except (docker.errors.NotFound, tarfile.TarError):
+            return None
+        finally:
+            _remove(container)
+
+    def _create(self, image: str, command: list[str], env: dict[str, str], arch: Arch | None,
+                labels: dict[str, str], limits: RunLimits, with_out: bool = False):
+        try:
+            return self.client.containers.create(image, command=command, environment={"HOME": RUN_HOME, **env},
+                                                 **container_options(arch, {**LABELS, **labels}, limits, with_out))
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine could not create a container from {image}: {_short(exc)}") from None
+
+    def _attach(self, container) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """stdout and stderr, demultiplexed, from before the start (nothing is missed)."""
+        try:
+            return self.stream_client.api.attach(container.id, stdout=True, stderr=True, stream=True,
+                                                 logs=False, demux=True)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine could not attach to the run's container: {_short(exc)}") from None
+
+    def _copy_out(self, container, out_dir: Path, limits: RunLimits, reserved: Collection[str]) -> OutputCopy:
+        """What the stopped container left in /out, through the engine's archive API (never a
+        path on the host that the container could change)."""
+        try:
+            stream, _ = container.get_archive(OUT_IN_CONTAINER + "/.")
+        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            return OutputCopy(folder=out_dir.name, files=0, bytes=0,
+                              stopped=f"the engine gave no archive of /out: {_short(exc)}")
+        try:
+            return extract_outputs(_chunks(stream), out_dir, max_total_bytes=limits.output_bytes,
+                                   max_files=limits.output_files, reserved=reserved)
+        finally:
+            with contextlib.suppress(Exception):
+                stream.close()
+
+    def _wait(self, container, timeout: float, started: float, events: Events,
+              watch_crash: bool = False) -> tuple[int | None, bool, str | None]:
+        """Wait for the container: (exit code, timed out, why the lab stopped it early)."""
+        crashed_at: float | None = None
+        while True:
+            now = time.monotonic()
+            left = timeout - (now - started)
+            if left <= 0:
+                events("run", f"timeout after {timeout:.0f} s: killing the container")
+                _kill(container)
+                return None, True, None
+            if crashed_at is not None and now - crashed_at >= _CRASH_GRACE_S:
+                events("run", "the emulator crashed (qemu: uncaught target signal): stopping the container")
+                _kill(container)
+                return _exit_code_after_kill(container), False, STOPPED_EMULATOR
+            try:
+                result = container.wait(timeout=min(_POLL_S, left))
+                return int(result.get("StatusCode", -1)), False, None
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                events("run", f"{time.monotonic() - started:.0f} s")
+            if watch_crash and crashed_at is None and _emulator_crashed(container):
+                crashed_at = time.monotonic()
+
+    # --- housekeeping --------------------------------------------------------
+    def remove_managed(self) -> tuple[int, int]:
+        """Remove every container and image the lab labelled. Returns (containers, images)."""
+        containers = self.client.containers.list(all=True, filters={"label": f"{LABEL}=true"})
+        for c in containers:
+            _remove(c)
+        images = self.client.images.list(filters={"label": f"{LABEL}=true"})
+        images += self.client.images.list(name=LAYERS_REPO)
+        removed = 0
+        for img in images:
+            try:
+                self.client.images.remove(img.id, force=True)
+                removed += 1
+            except docker.errors.APIError:
+                pass
+        return len(containers), removed
+
+    def anchor_shared_layers(self, ref: str, marker: str = "python3 -m venv") -> str | None:
+        """Tag the newest layer of `ref` built by a step containing `marker` (the system packages and
+        the venv, shared by every torch version of a scenario), so that removing `ref` keeps it."""
+        try:
+            history = self.client.api.history(ref)
+        except docker.errors.APIError:
+            return None
+        for entry in history:  # newest first
+            layer = entry.get("Id") or ""
+            if marker in (entry.get("CreatedBy") or "") and layer.startswith("sha256:"):
+                tag = f"{LAYERS_REPO}:{layer.removeprefix('sha256:')[:16]}"
+                with contextlib.suppress(docker.errors.APIError):
+                    self.client.api.tag(layer, LAYERS_REPO, layer.removeprefix("sha256:")[:16])
+                    return tag
+        return None
+
+    def remove_image(self, ref: str) -> bool:
+        """Untag (and, when nothing else uses it, delete) one image; False when it was not there."""
+        try:
+            self.client.images.remove(ref, noprune=False)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine could not remove {ref}: {_short(exc)}") from None
+
+    def managed_containers(self) -> list[str]:
+        return [c.name for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}=true"})]
+
+
+def container_options(arch: Arch | None, labels: dict[str, str], limits: RunLimits, with_out: bool) -> dict:
+    """The confinement of every container the lab starts (see `Engine.run`)."""
+    options: dict = dict(
+        labels=labels, detach=True, user=RUN_USER, read_only=True,
+        # exec: Inductor dlopens the kernels it compiles under /tmp/torchinductor_<user>.
+        tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={limits.tmp_bytes}"},
+        network_mode="bridge" if limits.network else "none",
+        cap_drop=["ALL"], security_opt=["no-new-privileges"],
+        ulimits=[Ulimit(name="core", soft=0, hard=0)],
+        log_config=LogConfig(type=LogConfig.types.JSON, config=dict(ENGINE_LOG)))
+    if arch is not None:
+        options["platform"] = arch.platform
+    if with_out:
+        # An anonymous volume: it starts with the image's /out (owned by the run user) and is
+        # removed with the container. Its content is read back with get_archive, never mounted.
+        options["mounts"] = [Mount(target=OUT_IN_CONTAINER, source=None, type="volume", labels=dict(LABELS))]
+    if limits.memory_bytes:
+        options.update(mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes)
+    if limits.pids:
+        options["pids_limit"] = limits.pids
+    if limits.cpus:
+        options["nano_cpus"] = int(limits.cpus * 1e9)
+    return options
+
+
+class _Capture:
+    """One stream into one file: the first `cap` bytes, then (past the cap) only the last
+    STREAM_TAIL_BYTES, written after a marker line when the stream ends."""
+
+    def __init__(self, name: str, path: Path, cap: int) -> None:
+        self.name, self.path, self.cap = name, path, cap
+        self.fh = path.open("wb")
+        self.total = 0
+        self.head = 0
+        self.tail = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.head < self.cap:
+            part = data[: self.cap - self.head]
+            self.fh.write(part)
+            self.head += len(part)
+            data = data[len(part):]
+        if data:
+            self.tail += data
+            del self.tail[:-STREAM_TAIL_BYTES]
+
+    def finish(self, note: str | None) -> StreamCapture:
+        """Close the file (once; later calls only report)."""
+        if not self.fh.closed:
+            if self.total > self.head:
+                dropped = self.total - self.head - len(self.tail)
+                self.fh.write(f"\n[torch-repro-lab: {self.name} cut at {format_bytes(self.cap)}; "
+                              f"{dropped} bytes dropped here; its last {len(self.tail)} bytes follow]\n".encode())
+                self.fh.write(self.tail)
+            self.fh.close()
+        return StreamCapture(self.name, self.total, self.head + len(self.tail), self.cap, note)
+
+
+class _StreamReader(threading.Thread):
+    """Reads an attached container's stdout and stderr into two capped files, as they come."""
+
+    def __init__(self, stream, stdout: Path, stderr: Path, cap: int) -> None:
+        super().__init__(daemon=True, name="lab-streams")
+        self.stream = stream
+        self.out = _Capture("stdout", stdout, cap)
+        self.err = _Capture("stderr", stderr, cap)
+        self.note: str | None = None
+
+    def run(self) -> None:
+        try:
+            for out, err in self.stream:
+                if out:
+                    self.out.feed(out)
+                if err:
+                    self.err.feed(err)
+        except Exception as exc:  # the connection broke: keep what came, and say so
+            self.note = f"reading it stopped early: {_short(exc)}"
+
+    def finish(self, wait_s: float) -> tuple[StreamCapture, StreamCapture]:
+        """Wait for the streams to end (at most `wait_s`), then close both files."""
+        if self.is_alive():
+            self.join(wait_s)
+        note = self.note
+        if self.is_alive():
+            note = f"the stream was still open {wait_s:.0f} s after the container ended; what came is kept"
+            self.close()
+            self.join(5)
+        return self.out.finish(note), self.err.finish(note)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stream.close()
+
+
+class _OutWatch(threading.Thread):
+    """Best effort against a script filling the engine's disk through /out: every few seconds,
+    `du` in the container (an exec: no host path is touched); past the cap, the container is
+    killed. A script can evade it (it shares the user that runs `du`, and a full pids limit
+    stops the exec), so the copy after the run has its own cap as well."""
+
+    def __init__(self, container, cap: int) -> None:
+        super().__init__(daemon=True, name="lab-out-watch")
+        self.container, self.cap = container, cap
+        self.over: int | None = None
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(_OUT_CHECK_S):
+            used = _du(self.container)
+            if used is not None and used > self.cap:
+                self.over = used
+                _kill(self.container)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# The check's own environment: an exec inherits the container's, where LD_DEBUG would make `du`
+# write a loader log into /out/ld (false evidence), and the scenario's env could preload anything.
+_DU_ENV = {"LD_DEBUG": "", "LD_DEBUG_OUTPUT": "", "LD_PRELOAD": "", "LD_LIBRARY_PATH": "", "PATH": "/usr/bin:/bin"}
+
+
+def _du(container) -> int | None:
+    """Bytes allocated under /out (what `du` could read), or None when the check could not run."""
+    try:
+        _, output = container.exec_run(["du", "-sk", OUT_IN_CONTAINER], stderr=False, user=RUN_USER,
+                                       environment=_DU_ENV)
+        last = output.decode("ascii", "replace").strip().splitlines()[-1]
+        return int(last.split()[0]) * 1024
+    except (docker.errors.APIError, requests.exceptions.RequestException, ValueError, IndexError):
+        return None
+
+
+def _read_capped(chunks, cap: int) -> bytes:
+    buf = bytearray()
+    try:
+        for chunk in chunks:
+            buf += chunk
+            if len(buf) >= cap:
+                del buf[cap:]
+                break
+    finally:
+        with contextlib.suppress(Exception):
+            chunks.close()
+    return bytes(buf)
+
+
+def _chunks(stream) -> Iterator[bytes]:
+    """The archive stream, with the engine's errors turned into OSError (extract_outputs notes it)."""
+    try:
+        yield from stream
+    except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+        raise OSError(f"the engine's archive stream broke: {_short(exc)}") from None
+
+
+def _emulator_crashed(container) -> bool:
+    try:
+        tail = container.logs(stdout=False, stderr=True, tail=50)
+    except docker.errors.APIError:
+        return False
+    return EMULATOR_CRASH.encode() in tail
+
+
+def _exit_code_after_kill(container) -> int | None:
+    try:
+        return int(container.wait(timeout=30).get("StatusCode", -1))
+    except (docker.errors.APIError, requests.exceptions.RequestException):
+        return None
+
+
+def _start(container) -> None:
+    try:
+        container.start()
+    except docker.errors.APIError as exc:
+        raise EngineError(f"the engine could not start the container: {_short(exc)}") from None
+
+
+def _kill(container) -> None:
+    with contextlib.suppress(docker.errors.APIError):
+        container.kill()
+
+
+def _remove(container) -> None:
+    """Remove the container and its anonymous volumes (/out)."""
+    try:
+        container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError:
+        time.sleep(1)
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True, v=True)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

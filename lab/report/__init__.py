@@ -1,0 +1,1 @@
+"""Stage 5: the run folder, result.json and report.md."""

@@ -1,0 +1,395 @@
+"""The run folder's written records: the resolved scenario, evidence.json, result.json and report.md.
+
+report.md is meant to be pasted into a PyTorch issue: summary first, evidence in
+plain words, versions, the script, then the long logs collapsed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from lab import __version__
+from lab.analyze.dynamo import Diagnostics
+from lab.analyze.evidence import Evidence, read_text
+from lab.analyze.judge import Judgement
+from lab.build.render import BuildPlan
+from lab.build.resolve import Case
+from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
+from lab.core.results import RESULT_NAME, BaseRef, EngineRef, ImageRef, RunEvidence, RunResult, UnfinishedRun
+
+_LOG_TAIL_LINES = 200
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything report.md and result.json are written from."""
+
+    case: Case
+    run_dir: Path
+    judgement: Judgement
+    evidence: Evidence | None          # None when no run happened (build failed)
+    image: BuiltImage | None
+    base: BaseImage | None
+    engine_version: str
+    host_arch: str
+    emulated: bool
+    started: datetime
+    collect_env: str | None = None
+    diagnostics: Diagnostics | None = None
+
+
+def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:
+    """runs/<scenario>/<timestamp>-torch<ver>-<arch>[-backend][-mode][-suffix]/, unique even for
+    parallel runs (a second one the same second gets `-2`)."""
+    now = now or datetime.now(timezone.utc)
+    parts = [f"{now:%Y%m%dT%H%M%SZ}-torch{case.torch}-{case.arch.value}", case.backend, case.mode, suffix]
+    stem = "-".join(p for p in parts if p)
+    parent = root / case.scenario.name
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = parent / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run folder name under {parent}")
+
+
+def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
+    data = case.scenario.model_dump(mode="json")
+    data["script"] = case.scenario.script.name
+    data.pop("source", None)
+    data["resolved"] = {
+        "case": case.name, "torch": case.torch, "arch": case.arch.value,
+        "platform": case.arch.platform, "backend": case.backend, "vars": dict(case.vars),
+        "source_file": str(case.scenario.source),
+        "base": None if base is None else {"requested": base.requested, "ref": base.ref,
+                                           "image_id": base.image_id, "origin": base.origin,
+                                           "recipe": base.recipe},
+    }
+    return data
+
+
+# The run folder doubles as a build context for `docker build .`; this keeps its outputs out.
+_RUN_DOCKERIGNORE = "out\ndiagnose\n*.txt\n*.json\n*.md\n*.log\nscenario.yaml\n"
+
+
+def write_inputs(run_dir: Path, plan: BuildPlan) -> None:
+    """What the run starts from, written before anything can fail: the build context and the
+    resolved scenario. Large local wheels are listed, not copied; site/ (the venv tree the lab
+    cross-installed on the host, up to gigabytes) stays empty but for a README, so `docker build .`
+    here installs the requirements with pip inside the image. No credential of the host is written:
+    lab/pip.conf is the image's, without them, and the README's notes are redacted."""
+    from lab.build.render import SITE_DIR, ContextTree, site_readme
+    from lab.core.scrub import redact_secrets
+    for f in plan.files:
+        if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):
+            continue
+        target = run_dir / f.arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if f.data is not None:
+            target.write_bytes(f.data)
+        elif not f.arcname.startswith("wheels/"):
+            target.write_bytes(f.source.read_bytes())  # type: ignore[union-attr]
+    (run_dir / SITE_DIR).mkdir(exist_ok=True)
+    (run_dir / SITE_DIR / "README.md").write_text(redact_secrets(site_readme(plan)))
+    if plan.host_wheels:
+        (run_dir / "wheels" / "FROM-HOST.txt").write_text(
+            "Copy these host wheels here before `docker build .`:\n" + "".join(f"{w}\n" for w in plan.host_wheels))
+    (run_dir / ".dockerignore").write_text(_RUN_DOCKERIGNORE + f"{SITE_DIR}/README.md\n")
+    write_scenario(run_dir, plan.case, None)
+
+
+def write_scenario(run_dir: Path, case: Case, base: BaseImage | None) -> None:
+    (run_dir / "scenario.yaml").write_text(
+        yaml.safe_dump(resolved_scenario(case, base), sort_keys=False, allow_unicode=True))
+
+
+def run_result(rec: RunRecord) -> RunResult:
+    """result.json (and `lab run --json`) of a run that reached a verdict."""
+    ev = rec.evidence
+    return RunResult(
+        scenario=rec.case.scenario.name,
+        case=rec.case.name,
+        torch=rec.case.torch,
+        arch=rec.case.arch.value,
+        backend=rec.case.backend,
+        mode=rec.case.mode,
+        emulated=rec.emulated,
+        verdict=rec.judgement.verdict,
+        reason=rec.judgement.reason,
+        summary=tuple(ev.plain_words()) if ev else (),
+        run_dir=str(rec.run_dir),
+        evidence=ev.summary() if ev else RunEvidence(),
+        graph_breaks=rec.diagnostics.graph_break_count if rec.diagnostics else None,
+        exit_code=ev.exit_code if ev else None,
+        duration_s=round(ev.duration_s, 2) if ev else None,
+        killed=_killed(ev),
+        limits=None if ev is None or ev.limits is None else ev.limits.describe(),
+        capture=ev.capture() if ev else None,
+        checks=rec.judgement.checks,
+        image=None if rec.image is None else ImageRef(tag=rec.image.tag, id=rec.image.image_id,
+                                                      cached=rec.image.cached),
+        base=None if rec.base is None else BaseRef(requested=rec.base.requested, ref=rec.base.ref,
+                                                   origin=rec.base.origin, image_id=rec.base.image_id),
+        engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch),
+        lab_version=__version__,
+        started=rec.started.isoformat(timespec="seconds"),
+    )
+
+
+def write_results(rec: RunRecord) -> RunResult:
+    result = run_result(rec)
+    result.write(rec.run_dir / RESULT_NAME)
+    if rec.evidence is not None:
+        rec.evidence.record(rec.judgement).write(rec.run_dir / "evidence.json")
+    if rec.collect_env is not None:
+        (rec.run_dir / "collect_env.txt").write_text(rec.collect_env)
+    if rec.diagnostics is not None:
+        _dump_json(rec.run_dir / "diagnose" / "diagnostics.json", rec.diagnostics.to_json())
+    (rec.run_dir / "report.md").write_text(render_report(rec))
+    return result
+
+
+def mark_unfinished(run_dir: Path, case: Case, status: str, reason: str) -> None:
+    """Best effort, when a run stops without a verdict (Ctrl-C, or the infrastructure failed):
+    leave a result.json that says what happened. `status` is "interrupted" or "failed"."""
+    UnfinishedRun(scenario=case.scenario.name, case=case.name, torch=case.torch, arch=case.arch.value,
+                  backend=case.backend, mode=case.mode, status=status, reason=reason,
+                  run_dir=str(run_dir)).write(run_dir / RESULT_NAME)
+
+
+def _dump_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+# --- report.md ---------------------------------------------------------------
+def render_report(rec: RunRecord) -> str:
+    """In the order of PyTorch's pt2-bug-report.yml: the bug (with its trace, ablation and a
+    minimal reproducer), then the error logs, then the versions."""
+    case, j = rec.case, rec.judgement
+    s = case.scenario
+    parts = [f"# {s.title or s.name}: {j.verdict.value.replace('_', ' ')}", ""]
+    parts += _summary(rec)
+    parts += ["", "## Describe the bug", "", "### Evidence", ""]
+    words = rec.evidence.plain_words() if rec.evidence else ["no run: the image build failed"]
+    parts += [f"- {w}" for w in words]
+    if j.checks:
+        parts += ["", "| expectation | expected | observed | held |", "|---|---|---|---|"]
+        parts += [f"| `{c.key}` | {_cell(c.expected)} | {_cell(c.observed)} | {'yes' if c.held else 'no'} |"
+                  for c in j.checks]
+    parts += _diagnostics_section(rec)
+    parts += ["", "### Ablation", "", _ablation_line(rec)]
+    parts += ["", "### Minimal reproducer", "", f"`{s.script.name}`" + _args(case), "",
+              "```python", s.script.read_text(errors="replace").rstrip(), "```", ""]
+    parts += _rerun(rec)
+    parts += ["", "## Error logs", ""] + _logs(rec)
+    parts += ["## Versions", ""] + _versions(rec) + [""] + _environment(rec)
+    return "\n".join(parts) + "\n"
+
+
+def _diagnostics_section(rec: RunRecord) -> list[str]:
+    d = rec.diagnostics
+    if d is None:
+        why = ("no run" if rec.evidence is None else
+               "the run timed out, and a second run would hang too" if rec.evidence.timed_out else
+               "`--no-diagnose`")
+        return ["", "### Graph breaks, recompiles and compile time", "", f"Not collected: {why}."]
+    out = ["", "### Graph breaks, recompiles and compile time", "",
+           "From a second run of the script through the lab's runner (`diagnose/`): "
+           "`torch._dynamo.explain`, `TORCH_LOGS=recompiles` and `torch._dynamo.utils.compile_times()`.", ""]
+    out += [f"- {w}" for w in d.plain_words()] or ["- nothing was compiled"]
+    trace = rec.run_dir / "diagnose" / "trace"
+    out += ["", "### TORCH_TRACE", ""]
+    if d.trace_files:
+        out.append(f"{len(d.trace_files)} file(s) in `diagnose/trace/` (`{d.trace_files[0]}` ...): attach "
+                   "the `.log` files to the issue, or run `tlparse` on them.")
+    else:
+        out.append(f"`{trace.relative_to(rec.run_dir)}/` is empty: this torch wrote no structured trace.")
+    return out
+
+
+def _ablation_line(rec: RunRecord) -> str:
+    case = rec.case
+    if case.scenario.ablation.via == "none":
+        return "Not ablatable: the script hard-codes its backend (`ablation.via: none`)."
+    chosen = f"backend `{case.backend or 'as the script chooses'}`" + (f", mode `{case.mode}`" if case.mode else "")
+    return (f"This run: {chosen}. `lab run {scenario_ref(case)} --ablate` runs eager, aot_eager and "
+            "inductor on the same image and names the layer that fails.")
+
+
+def _environment(rec: RunRecord) -> list[str]:
+    out: list[str] = []
+    if rec.collect_env:
+        out += _details("python -m torch.utils.collect_env", rec.collect_env)
+    d = rec.run_dir
+    out += _details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else "")
+    return out
+
+
+def _summary(rec: RunRecord) -> list[str]:
+    case, s = rec.case, rec.case.scenario
+    where = f"{case.arch.platform}" + (f", emulated with QEMU on an {rec.host_arch} host"
+                                       if rec.emulated else ", native")
+    lines = [f"**Verdict:** `{rec.judgement.verdict.value}`: {rec.judgement.reason}", "",
+             f"- Case: `{case.name}`",
+             f"- torch {case.torch} on {where}",
+             f"- Emulated: {'yes' if rec.emulated else 'no'}"]
+    if s.upstream:
+        lines.append(f"- Upstream: {s.upstream}")
+    if rec.evidence is not None:
+        lines.append(f"- Run time: {rec.evidence.duration_s:.1f} s (timeout {s.timeout} s)")
+        killed = _killed(rec.evidence)
+        if killed:
+            lines.append(f"- Killed: {killed}")
+        if rec.evidence.limits is not None:
+            lines.append(f"- Confinement: {rec.evidence.limits.describe()}; a user other than root, a "
+                         "read-only root filesystem and a private /tmp, no capabilities, no-new-privileges, "
+                         "no host folder mounted; " + rec.evidence.limits.describe_caps())
+        cuts = _cut_words(rec.evidence)
+        if cuts:
+            lines.append(f"- Outputs cut or refused: {cuts}")
+    if s.description:
+        lines += ["", s.description.strip()]
+    return lines
+
+
+def _killed(ev) -> str | None:
+    """Why the container did not end by itself, in words ('out of memory (limit 8 GiB)')."""
+    if ev is None:
+        return None
+    if ev.timed_out:
+        return f"timeout, after {ev.duration_s:.0f} s; the container was stopped and its partial logs kept"
+    if ev.oom_killed:
+        return ev.oom_words.removeprefix("killed: ")
+    if ev.stopped_for == STOPPED_EMULATOR:
+        return "the emulator crashed, and the lab stopped the container (QEMU would hang)"
+    if ev.stopped_for == STOPPED_OUT_FULL:
+        return ev.out_full_words.removeprefix("killed: ") + "; the lab stopped the container"
+    return None
+
+
+def _cut_words(ev: Evidence) -> str:
+    """'stdout cut; 2 entries of /out not copied' (the details are in the evidence list)."""
+    parts = [f"{s.name} cut at {format_bytes(s.cap)}" for s in ev.streams if s.cut]
+    if ev.outputs is not None and ev.outputs.skipped:
+        n = len(ev.outputs.skipped)
+        parts.append(f"{n} entr{'ies' if n != 1 else 'y'} of /out not copied (links, fifos, devices or "
+                     "unsafe names)")
+    if ev.outputs is not None and ev.outputs.stopped:
+        parts.append("the copy of /out stopped early")
+    return "; ".join(parts) + ("; see the evidence below" if parts else "")
+
+
+def _versions(rec: RunRecord) -> list[str]:
+    lines = [f"- torch: {rec.case.torch} (pip: `{rec.case.requirements[0]}`)"]
+    freeze = rec.run_dir / "pip-freeze.txt"
+    if freeze.exists():
+        pkgs = [ln for ln in freeze.read_text().splitlines() if ln.split("==")[0].lower() in
+                ("torch", "numpy", "sympy", "triton", "filelock")]
+        lines += [f"- {p}" for p in pkgs if not p.startswith("torch==")]
+    if rec.base:
+        origin = {"bootstrapped": "bootstrapped from Debian's archive", "pulled": "pulled",
+                  "local": "present on the engine"}[rec.base.origin]
+        lines.append(f"- Base image: `{rec.base.requested}` ({origin}; `{rec.base.image_id[:19]}`)")
+        if rec.base.recipe:
+            lines.append(f"- Bootstrap recipe: `{rec.base.recipe}`")
+    if rec.image:
+        lines.append(f"- Image: `{rec.image.tag}`")
+    lines += [f"- {key}: {value}" for key, value in collect_env_facts(rec.collect_env or "")]
+    lines.append(f"- Docker engine: {rec.engine_version} on {rec.host_arch}")
+    lines.append(f"- torch-repro-lab: {__version__}")
+    return lines
+
+
+_ENV_FACTS = ("Python version", "OS", "GCC version", "Libc version", "CUDA runtime version",
+              "cuDNN version", "Nvidia driver version")
+
+
+def collect_env_facts(text: str) -> list[tuple[str, str]]:
+    """The lines of collect_env's record that matter in an issue, where it could collect them."""
+    facts = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in _ENV_FACTS and key not in facts:
+            value = value.strip()
+            if value and value not in ("Could not collect", "No CUDA", "N/A"):
+                facts[key] = value
+    return [(k, facts[k]) for k in _ENV_FACTS if k in facts]
+
+
+def scenario_ref(case: Case) -> str:
+    """How to name the scenario on a command line: its name when that name finds this very file
+    (a project or shipped scenario, lab.config's search path), else its path."""
+    from lab.core.config import current
+    from lab.scenario.schema import find_by_name
+    source = case.scenario.source
+    if source is None:
+        return case.scenario.name
+    found = find_by_name(source.stem, [d.path for d in current().scenario_dirs()])
+    if found is not None and found.resolve() == source.resolve():
+        return source.stem
+    return str(source)
+
+
+def _args(case: Case) -> str:
+    return (" " + shlex.join(case.scenario.args)) if case.scenario.args else ""
+
+
+def _rerun(rec: RunRecord) -> list[str]:
+    case = rec.case
+    cmd = ["lab", "run", scenario_ref(case), "--torch", case.torch, "--arch", case.arch.value]
+    if case.backend:
+        cmd += ["--backend", case.backend]
+    if case.mode:
+        cmd += ["--mode", case.mode]
+    for k, v in case.vars:
+        cmd += ["--set", f"{k}={v}"]
+    env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items()))
+    lines = ["Run it with the lab:", "", "```sh", shlex.join(cmd), "```", "",
+             "Without it, from this run folder (it is the build context):", "", "```sh"]
+    if rec.base and rec.base.ref != rec.base.requested:
+        lines.append(f"# this engine had no registry: its base was {rec.base.origin} as {rec.base.ref}")
+        lines.append(f"docker build --platform {case.arch.platform} --build-arg BASE={rec.base.ref} -t repro .")
+    else:
+        lines.append(f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} -t repro .")
+    lines += [f"docker run --rm --platform {case.arch.platform}{env} -e LD_DEBUG=libs,files repro", "```"]
+    return lines
+
+
+def _logs(rec: RunRecord) -> list[str]:
+    out: list[str] = []
+    d = rec.run_dir
+    logs = (("stderr.txt", "stderr"), ("stdout.txt", "stdout"),
+            ("diagnose/stderr.txt", "diagnose step: stderr (TORCH_LOGS=recompiles)"), ("build.log", "build log"))
+    for name, title in logs:
+        if (d / name).exists():
+            text = read_text(d / name, limit=256 * 1024)
+            lines = text.splitlines()
+            note = f" (last {_LOG_TAIL_LINES} of {len(lines)} lines)" if len(lines) > _LOG_TAIL_LINES else ""
+            out += _details(title + note, "\n".join(lines[-_LOG_TAIL_LINES:]))
+    if rec.evidence and rec.evidence.duplicate_runtimes:
+        out += _details("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
+            f"pid {dup.pid}: {path}  <- {obj.needed_by or '?'}"
+            for dup in rec.evidence.duplicate_runtimes
+            for path, obj in zip(dup.paths, dup.objects, strict=True)))
+    return out
+
+
+def _details(summary: str, body: str) -> list[str]:
+    fence = "````" if "```" in body else "```"
+    return ["<details>", f"<summary>{summary}</summary>", "", fence + "text", body.rstrip(), fence,
+            "", "</details>", ""]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,177 @@
+"""The bisect driver's own logic: probe folders, resuming from them, and what counts as a skip.
+A fake runner and a fixed list of releases are passed in; tests/test_e2e_bisect.py runs a real bisection."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab.build.hostpip import HostPip
+from lab.core.errors import BuildError, EngineError, ResultError, ScenarioError
+from lab.core.results import BisectResult, ImageRef, Judgement, read_result
+from lab.drivers import bisect_run
+from lab.pipeline import RunOutcome
+from tests.conftest import DATA, fake_result, tiny_scenario
+
+REAL_RUN = DATA / "run-folders" / "20261122T120958Z-torch2.5.1-arm64"  # written by lab 0.1.0, unversioned
+
+VERSIONS = ["2.3.0", "2.3.1", "2.4.0", "2.4.1", "2.5.0"]
+BODY = "name: b\ntorch: '2.3.0'\narch: arm64\nbase: debian:bookworm\nexpect:\n  exit_code: 1\n"
+
+
+class FakeRuns:
+    """Stands in for pipeline.run_case: a verdict per version, and a record of what ran."""
+
+    def __init__(self, verdicts: dict[str, object]) -> None:
+        self.verdicts, self.ran = verdicts, []
+
+    def __call__(self, case, engine, host, runs_root, events, *, run_dir, diagnose, collect_env):
+        assert diagnose is False and collect_env is False  # probes only need the verdict
+        self.ran.append(case.torch)
+        answer = self.verdicts[case.torch]
+        if isinstance(answer, Exception):
+            raise answer
+        image = ImageRef(tag=f"torch-repro-lab/case:b-{case.torch}", id="sha256:00", cached=False)
+        result = fake_result(case, answer, run_dir, summary=[f"evidence for {case.torch}"], image=image)
+        result.write(run_dir / "result.json")
+        return RunOutcome(run_dir, result, Judgement(verdict=result.verdict, reason=result.reason))
+
+
+class FakeEngine:
+    """Records the images a bisection removes after its probes."""
+
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+
+    def anchor_shared_layers(self, tag: str) -> None:
+        pass
+
+    def remove_image(self, tag: str) -> None:
+        self.removed.append(tag)
+
+
+def releases(*, python: str, arch: str, include_pre: bool) -> list[str]:
+    assert (python, arch, include_pre) == ("3.11", "arm64", False)
+    return list(VERSIONS)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    scenario = tiny_scenario(tmp_path, BODY)
+
+    def go(verdicts, **options):
+        fake = FakeRuns(verdicts)
+        run = bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
+                                    runs_root=tmp_path / "runs", run_case=fake, candidates=releases, **options)
+        return run, fake
+
+    return go, tmp_path
+
+
+def test_probe_folders_report_and_resume(setup):
+    go, tmp = setup
+    verdicts = {"2.3.0": "reproduced", "2.3.1": "reproduced", "2.4.0": "not_reproduced",
+                "2.4.1": "not_reproduced", "2.5.0": "not_reproduced"}
+    run, fake = go(verdicts)
+    assert run.result.status == "found"
+    assert (run.result.last_old, run.result.first_new) == ("2.3.1", "2.4.0")
+    assert run.folder == tmp / "runs" / "b" / "bisect-arm64-2.3.0-2.5.0"
+    assert fake.ran[:2] == ["2.3.0", "2.5.0"]
+    for v in fake.ran:
+        assert (run.folder / f"torch{v}" / "result.json").is_file()
+    assert (run.folder / "bisect.md").is_file() and (run.folder / "bisect.svg").is_file()
+    assert "lab bisect b --from 2.3.0 --to 2.5.0 --arch arm64 --out" in (run.folder / "bisect.md").read_text()
+    assert run.result.steps[0].evidence == "evidence for 2.3.0"
+
+    again, fake2 = go(verdicts)  # the same command again: every answer comes from the folders
+    assert fake2.ran == []
+    assert again.result.to_json() == run.result.to_json()
+    written = BisectResult.model_validate_json((run.folder / "bisect.json").read_text())
+    assert written == run.result and written.folder == str(run.folder) and written.resume == run.resume_command
+
+
+def test_an_interrupted_probe_is_run_again(setup):
+    go, tmp = setup
+    folder = tmp / "runs" / "b" / "bisect-arm64-2.3.0-2.5.0" / "torch2.3.0"
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({  # as lab 0.1.0 left an interrupted run
+        "scenario": "b", "case": "b[torch=2.3.0,arch=arm64]", "torch": "2.3.0", "arch": "arm64", "verdict": None,
+        "status": "interrupted", "reason": "interrupted by the user", "run_dir": str(folder)}))
+    (folder / "stale.txt").write_text("from the interrupted run")
+    verdicts = dict.fromkeys(VERSIONS, "reproduced")
+    run, fake = go(verdicts)
+    assert "2.3.0" in fake.ran
+    assert not (folder / "stale.txt").exists()
+    assert run.result.status == "no_change"
+
+
+def test_setup_failures_are_skips_and_engine_failures_stop(setup):
+    go, tmp = setup
+    verdicts = {"2.3.0": "not_reproduced", "2.3.1": "not_reproduced", "2.4.0": BuildError("no wheel"),
+                "2.4.1": "reproduced", "2.5.0": ScenarioError("uv found no aarch64 wheel")}
+    run, _ = go(verdicts)
+    assert run.result.status == "ambiguous"
+    assert run.result.new_end == "2.4.1"
+    assert set(run.result.skipped) == {"2.4.0", "2.5.0"}
+    assert run.result.last_old == "2.3.1" and run.result.first_new == "2.4.1"
+
+    shutil.rmtree(tmp / "runs")
+    with pytest.raises(EngineError):
+        go({**verdicts, "2.3.0": EngineError("the engine went away")})
+
+
+def test_arch_choice(tmp_path):
+    scenario = tiny_scenario(tmp_path, BODY.replace("arch: arm64", "arch: [amd64, arm64]"))
+    with pytest.raises(ScenarioError, match="--arch"):
+        bisect_run.choose_arch(scenario, None)
+    assert bisect_run.choose_arch(scenario, "aarch64") == "arm64"
+
+
+def test_resume_command_is_exact():
+    cmd = bisect_run.resume_command("libgomp-aarch64", "2.5.1", "2.15.0", "arm64", Path("my runs"), pre=True)
+    assert cmd == "lab bisect libgomp-aarch64 --from 2.5.1 --to 2.15.0 --arch arm64 --out 'my runs' --pre"
+
+
+def test_probe_images_are_removed_unless_kept(tmp_path):
+    scenario = tiny_scenario(tmp_path, BODY)
+    verdicts = dict.fromkeys(VERSIONS, "reproduced")
+    for keep, root in ((False, "removed"), (True, "kept")):
+        engine = FakeEngine()
+        bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=engine, host=HostPip(),
+                              runs_root=tmp_path / root, run_case=FakeRuns(verdicts), candidates=releases,
+                              keep_images=keep)
+        assert engine.removed == ([] if keep else ["torch-repro-lab/case:b-2.3.0", "torch-repro-lab/case:b-2.5.0"])
+
+
+def test_a_probe_folder_from_the_unversioned_layout_is_reused(setup):
+    """A probe that lab 0.1.0 finished (result.json without schema_version) still resumes."""
+    go, tmp = setup
+    folder = tmp / "runs" / "b" / "bisect-arm64-2.3.0-2.5.0" / "torch2.3.0"
+    folder.mkdir(parents=True)
+    old = json.loads((REAL_RUN / "result.json").read_text())
+    (folder / "result.json").write_text(json.dumps({**old, "torch": "2.3.0", "run_dir": str(folder)}))
+    run, fake = go(dict.fromkeys(VERSIONS, "reproduced"))
+    assert "2.3.0" not in fake.ran
+    assert run.result.steps[0].version == "2.3.0" and run.result.steps[0].verdict == "reproduced"
+
+
+def test_a_probe_folder_this_lab_cannot_read_stops_the_bisection(setup):
+    """A newer lab's (or a damaged) result.json is neither reused nor deleted: the bisection stops."""
+    go, tmp = setup
+    folder = tmp / "runs" / "b" / "bisect-arm64-2.3.0-2.5.0" / "torch2.3.0"
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"schema_version": 9, "kind": "run"}))
+    with pytest.raises(ResultError, match=r"torch2.3.0/result.json: was written by a newer torch-repro-lab"):
+        go(dict.fromkeys(VERSIONS, "reproduced"))
+    assert (folder / "result.json").is_file()
+
+
+def test_probe_results_read_back_through_the_model(setup):
+    go, _ = setup
+    run, fake = go(dict.fromkeys(VERSIONS, "not_reproduced"))
+    for version in fake.ran:
+        result = read_result(run.folder / f"torch{version}")
+        assert result.verdict.value == "not_reproduced" and result.torch == version
