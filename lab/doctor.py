@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +18,21 @@ from lab.core.errors import EngineError
 MIN_FREE_GIB = 20
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 
+# aarch64 torch >= 2.13 segfaults at `import torch` under QEMU 7.2 (Debian bookworm's) and then
+# hangs; QEMU 10 imports it (see README, "QEMU"). bookworm's QEMU 10 is in bookworm-backports.
+QEMU_MIN = 10
+REREGISTER = "update-binfmts --disable qemu-aarch64 && update-binfmts --enable qemu-aarch64"
+QEMU_FIX = ("aarch64 torch >= 2.13 segfaults at import under QEMU < 10: run bin/setup-host, or "
+            "apt-get install -t bookworm-backports qemu-user-static, then register it again: " + REREGISTER)
+_QEMU_VERSION = re.compile(r"^qemu-\S+ version (\d+)\.(\d+)(?:\.(\d+))?", re.M)
+# A 160-byte static aarch64 ELF that writes "aarch64\n" and exits 0 (bin/setup-host has the same):
+# mov x0,#1; adr x1,msg; mov x2,#8; mov x8,#64 (write); svc #0; mov x0,#0; mov x8,#93 (exit); svc #0.
+# Run with QEMU_VERSION=1, the QEMU the kernel starts for it prints its version instead.
+AARCH64_PROBE = base64.b64decode(
+    "f0VMRgIBAQAAAAAAAAAAAAIAtwABAAAAeABAAAAAAABAAAAAAAAAAAAAAAAAAAAAAAAAAEAAOAABAAAAAAAAAAEAAAAFAAAA"
+    "AAAAAAAAAAAAAEAAAAAAAAAAQAAAAAAAoAAAAAAAAACgAAAAAAAAAAAQAAAAAAAAIACA0uEAABACAYDSCAiA0gEAANQAAIDS"
+    "qAuA0gEAANRhYXJjaDY0Cg==")
+
 
 @dataclass(frozen=True, slots=True)
 class Check:
@@ -21,6 +40,7 @@ class Check:
     status: str        # "ok" | "warn" | "fail"
     detail: str
     fix: str | None = None
+    version: str | None = None  # of what was checked, where it has one (the engine, QEMU)
 
 
 def run_checks(runs_root: Path) -> list[Check]:
@@ -38,7 +58,8 @@ def _engine():
                      "start it, and check DOCKER_HOST."), None
     info = engine.info()
     return Check("Docker engine", "ok",
-                 f"{engine.version} ({info.get('OperatingSystem', '?')}, {info.get('Architecture', '?')})"), engine
+                 f"{engine.version} ({info.get('OperatingSystem', '?')}, {info.get('Architecture', '?')})",
+                 version=engine.version), engine
 
 
 def _binfmt(engine) -> Check:
@@ -53,11 +74,7 @@ def _binfmt(engine) -> Check:
         if not text.startswith("enabled"):
             return Check("arm64 emulation", "fail", f"the qemu-aarch64 binfmt handler is disabled ({interp})",
                          "update-binfmts --enable qemu-aarch64")
-        if "F" not in flags:
-            return Check("arm64 emulation", "warn",
-                         f"qemu-aarch64 is registered without the F flag ({interp}): containers may not "
-                         "find the interpreter", "apt-get install qemu-user-static (registers it with F)")
-        return Check("arm64 emulation", "ok", f"QEMU binfmt handler {interp} (flags {flags})")
+        return qemu_check(interp, flags, _interpreter_version(interp), _running_version())
     if not (BINFMT / "status").exists() and Path("/.dockerenv").exists():
         return _binfmt_through_engine(engine)
     if not (BINFMT / "status").exists():
@@ -65,7 +82,8 @@ def _binfmt(engine) -> Check:
                      f"mount -t binfmt_misc binfmt_misc {BINFMT} && update-binfmts --enable qemu-aarch64 "
                      "(or run `bin/setup-host`)")
     return Check("arm64 emulation", "fail", "no qemu-aarch64 binfmt handler: arm64 cases cannot run",
-                 "apt-get install qemu-user-static binfmt-support (or run `bin/setup-host`)")
+                 "run `bin/setup-host` (on Debian bookworm it installs QEMU 10 from bookworm-backports and "
+                 "registers it with update-binfmts, with the F flag)")
 
 
 def _binfmt_through_engine(engine) -> Check:
@@ -78,10 +96,84 @@ def _binfmt_through_engine(engine) -> Check:
                      "cannot see binfmt_misc from inside this container, and no arm64 image to probe with",
                      "run `lab doctor` on the host, or `lab build-base debian:bookworm --arch arm64` first")
     code, output = engine.output_of(tag, ["uname", "-m"], Arch.ARM64, 120, {})
-    if code == 0 and output.strip() == "aarch64":
-        return Check("arm64 emulation", "ok", f"the engine runs arm64 containers ({tag}: uname -m = aarch64)")
-    return Check("arm64 emulation", "fail", f"the engine cannot run arm64 containers: {output.strip()[:200]}",
-                 "on the host: apt-get install qemu-user-static binfmt-support (or `bin/setup-host`)")
+    if code != 0 or output.strip() != "aarch64":
+        return Check("arm64 emulation", "fail",
+                     f"the engine cannot run arm64 containers: {output.strip()[:200]}",
+                     "on the host: `bin/setup-host` (QEMU >= 10 registered through binfmt_misc)")
+    # `env` execs `true` through the kernel again, now with QEMU_VERSION=1 set for the new QEMU.
+    _, said = engine.output_of(tag, ["env", "QEMU_VERSION=1", "true"], Arch.ARM64, 120, {})
+    return qemu_verdict(parse_qemu_version(said), None,
+                        f"runs the engine's arm64 containers ({tag}: uname -m = aarch64)", None, first_line(said))
+
+
+def parse_qemu_version(text: str) -> tuple[int, ...] | None:
+    """The version in QEMU's `--version` output, `qemu-aarch64 version 10.0.2 (Debian ...)`."""
+    match = _QEMU_VERSION.search(text or "")
+    return tuple(int(g) for g in match.groups() if g is not None) if match else None
+
+
+def qemu_check(interp: str, flags: str, installed_text: str, running_text: str) -> Check:
+    """The arm64 emulation check of a registered handler, from the interpreter's `--version`
+    (`installed_text`) and from the QEMU the kernel really starts (`running_text`). With the F flag
+    the kernel keeps the binary it opened at registration, so after an upgrade the two differ."""
+    return qemu_verdict(parse_qemu_version(running_text), parse_qemu_version(installed_text),
+                        f"at {interp} (flags {flags})", flags, first_line(installed_text))
+
+
+def qemu_verdict(running: tuple[int, ...] | None, installed: tuple[int, ...] | None, where: str,
+                 flags: str | None, said: str = "") -> Check:
+    """`running`: the version the kernel starts; `installed`: the registered path's (None: unknown);
+    `flags`: the handler's binfmt flags (None where they cannot be seen, inside a container)."""
+    def dotted(v: tuple[int, ...]) -> str:
+        return ".".join(map(str, v))
+    version = running or installed
+    if version is None:
+        return Check("arm64 emulation", "warn",
+                     f"QEMU of unknown version {where} ({said or 'it printed no version'})", QEMU_FIX)
+    if running and installed and running[0] < QEMU_MIN <= installed[0]:
+        return Check("arm64 emulation", "warn",
+                     f"the kernel still runs QEMU {dotted(running)} for aarch64 binaries, though the handler "
+                     f"{where} is now QEMU {dotted(installed)}: it was registered before the upgrade, and with "
+                     "the F flag the kernel keeps the old binary. aarch64 torch >= 2.13 segfaults at import "
+                     "under QEMU < 10", f"register it again: {REREGISTER} (or run bin/setup-host)",
+                     dotted(running))
+    if version[0] < QEMU_MIN:
+        return Check("arm64 emulation", "warn", f"QEMU {dotted(version)} {where}", QEMU_FIX, dotted(version))
+    if flags is not None and "F" not in flags:
+        return Check("arm64 emulation", "warn",
+                     f"QEMU {dotted(version)} {where} is registered without the F flag: containers may not "
+                     "find the interpreter", f"bin/setup-host (registers it with F), or {REREGISTER}",
+                     dotted(version))
+    return Check("arm64 emulation", "ok", f"QEMU {dotted(version)} {where}", version=dotted(version))
+
+
+def first_line(text: str) -> str:
+    return next((ln.strip() for ln in (text or "").splitlines() if ln.strip()), "")[:200]
+
+
+def _interpreter_version(interp: str) -> str:
+    """`--version` of the registered interpreter. Debian's `aarch64-binfmt-P` refuses it
+    ("has to be run using kernel binfmt-misc subsystem"), the binary it links to does not."""
+    try:
+        proc = subprocess.run([os.path.realpath(interp), "--version"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        return str(err)
+    return proc.stdout + proc.stderr
+
+
+def _running_version() -> str:
+    """What the QEMU the kernel starts for an aarch64 program says with QEMU_VERSION=1."""
+    with tempfile.TemporaryDirectory(prefix="lab-aarch64-probe-") as folder:
+        probe = Path(folder) / "aarch64-probe"
+        probe.write_bytes(AARCH64_PROBE)
+        probe.chmod(0o755)
+        try:
+            proc = subprocess.run([str(probe)], env={**os.environ, "QEMU_VERSION": "1"},
+                                  capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return proc.stdout + proc.stderr
 
 
 def _gpu(engine) -> Check:
