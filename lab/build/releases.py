@@ -225,6 +225,11 @@ def _remote_files(url: str, host: HostPip, timeout: float) -> list[IndexFile]:
             from None
 
 
+# Why a small parser and not pypi-simple or unearth: the lab needs only the file names of one
+# project (PEP 691 JSON, PEP 503 HTML, a find-links folder, file:// indexes), with the host's CA
+# bundle, trusted hosts and proxies applied the way pip applies them, and a day's cache. Versions
+# and wheel tags are `packaging`'s (parse_wheel_filename, Version). The two page parsers below
+# are about 40 lines; a client library would bring its own HTTP stack and settings to reconcile.
 def _parse_json(data: dict) -> list[IndexFile]:
     """PEP 691: `files[]` with `filename`, `yanked` (false, true or a reason), `requires-python`."""
     out = []

@@ -1,5 +1,11 @@
 """Keep secrets and the user's home path out of anything the lab hands to someone else (bundles).
 
+Hand-written on purpose: secret scanners (detect-secrets, trufflehog) find credentials by their
+shape (entropy, vendor prefixes) and report them; the lab must instead blank the values of the
+variables the run actually had, keep every line so a reader sees what was set, and be exact
+about names like KEYBOARD or TOKENIZERS_PARALLELISM. Those rules are a few regular expressions,
+each tested on its own (tests/core/test_scrub.py).
+
 The rules, each a function of its own:
 
 - `is_secret_name`: an environment variable whose name says it holds a secret: it contains TOKEN,

@@ -592,6 +592,12 @@ def _unknown_var(key: str, known: list[str], file: str | None) -> ScenarioError:
 
 
 # --------------------------------------------------------------------------- YAML reading
+# Why PyYAML's composer and not ruamel.yaml: both keep every node's position, and this loader
+# only walks PyYAML's node tree (its marks give the line of each field path). What is ours is
+# the policy, which neither library has: refusing anchors and aliases at the first one (before
+# anything expands), a depth limit, unknown tags refused, and versions written as bare numbers
+# kept as text so `2.10` can be refused instead of read as 2.1. ruamel.yaml would add a
+# dependency and a round-trip model the lab never writes back.
 
 _Path = tuple[str | int, ...]
 _STR_TAGS = frozenset(
