@@ -69,7 +69,8 @@ def test_the_wheel_carries_templates_scenarios_and_runner_and_no_ca(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"lab/dockerfiles/debian.Dockerfile.j2", "lab/dockerfiles/cuda.Dockerfile.j2",
             "lab/dockerfiles/lab-ca/README", "lab/probe/lab_run.py", "lab/scenarios/libgomp-aarch64.yaml",
-            "lab/scenarios/scripts/libgomp_aarch64.py"} <= names
+            "lab/scenarios/scripts/libgomp_aarch64.py", "lab/report/templates/report.md.j2",
+            "lab/report/templates/bisect.md.j2"} <= names
     shipped = {p.name for p in (ROOT / "scenarios").glob("*.yaml")}
     assert shipped == {n.rsplit("/", 1)[1] for n in names if n.startswith("lab/scenarios/") and n.endswith(".yaml")}
     assert not [n for n in names if n.endswith(".crt")]  # a proxy's CA copied for compose stays home
@@ -94,6 +95,31 @@ def test_installed_wheel_works_from_any_folder(installed, outside):
     checkout = run_lab("render", "libgomp-aarch64")
     assert checkout.returncode == 0, checkout.stderr
     assert rendered.stdout == checkout.stdout  # byte for byte
+
+
+_BISECT_MD = """\
+import sys
+from pathlib import Path
+import lab
+from lab.drivers.bisect import Probe, bisect
+from lab.drivers.bisect_report import render_markdown
+result = bisect(["2.8.0", "2.9.0", "2.10.0"],
+                lambda v: Probe.judged(v, "not_reproduced" if v == "2.8.0" else "reproduced"))
+print(Path(lab.__file__).parent)
+sys.stdout.write(render_markdown(Path("."), "s", "amd64", result, ["2.8.0", "2.9.0", "2.10.0"]))
+"""
+
+
+def test_installed_wheel_renders_the_markdown_templates(installed, outside):
+    """The Markdown templates are package data: the installed copy renders bisect.md as the checkout does."""
+    mine = sh(installed.parent / "python", "-c", _BISECT_MD, cwd=outside, env=clean_env(outside))
+    assert mine.returncode == 0, mine.stderr
+    where, _, text = mine.stdout.partition("\n")
+    assert Path(where).is_relative_to(installed.parent.parent)  # the installed package, not the checkout
+    checkout = subprocess.run([sys.executable, "-c", _BISECT_MD], cwd=ROOT, capture_output=True, text=True)
+    assert checkout.returncode == 0, checkout.stderr
+    assert text.startswith("# Bisect: s (amd64), 2.8.0 to 2.10.0\n")
+    assert text == checkout.stdout.partition("\n")[2]  # byte for byte
 
 
 def test_a_project_folder_comes_before_the_shipped_scenarios(installed, outside):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 from xml.sax.saxutils import escape
@@ -43,28 +44,37 @@ def write_bisect_report(folder: str | os.PathLike, scenario_name: str, arch: str
 
 # -- markdown ---------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class BisectView:
+    """What bisect.md (lab/report/templates/bisect.md.j2) is laid out from: Markdown-escaped strings."""
+
+    title: str
+    status: str
+    summary: str
+    resume_command: str
+    svg: str
+    candidate_count: int
+    rows: tuple[tuple[int, str, str, str, str], ...]  # number, release, verdict, evidence, run folder link
+    notes: tuple[str, ...]
+    candidates: str
+    untested_count: int
+    untested: str
+
+
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
                     candidates: Sequence[str], resume_command: str = "") -> str:
-    lines = [f"# Bisect: {_md(scenario_name)} ({_md(str(arch))}), {_md(result.from_version)} to "
-             f"{_md(result.to_version)}", "",
-             f"**Result ({result.status}).** {_md(result.summary)}", ""]
-    if resume_command:
-        lines += ["To resume or repeat it (releases that already have a run folder are not run again):", "",
-                  "```sh", resume_command, "```", ""]
-    lines += [f"![Timeline of the {len(candidates)} candidate releases]({SVG_NAME})", "",
-              "## Probes", "", "In the order they ran.", "",
-              "| # | release | verdict | evidence | run folder |", "|---:|---|---|---|---|"]
-    for n, probe in enumerate(result.steps, 1):
-        lines.append(f"| {n} | {_cell(probe.version)} | {_cell(_verdict(probe, result))} | "
-                     f"{_cell(_one_line(probe.evidence or probe.reason))} | {_run_link(folder, probe.run_dir)} |")
-    if result.notes:
-        lines += ["", "## Notes", ""] + [f"- {_md(note)}" for note in result.notes]
+    from lab.report.markdown import render
     tested = {p.version for p in result.steps}
     untested = [v for v in candidates if v not in tested]
-    lines += ["", f"Candidates ({len(candidates)}): {_md(', '.join(candidates))}."]
-    if untested:
-        lines.append(f"Not probed ({len(untested)}): {_md(', '.join(untested))}.")
-    return "\n".join(lines) + "\n"
+    return render("bisect.md.j2", BisectView(
+        title=f"{_md(scenario_name)} ({_md(str(arch))}), {_md(result.from_version)} to {_md(result.to_version)}",
+        status=result.status, summary=_md(result.summary), resume_command=resume_command, svg=SVG_NAME,
+        candidate_count=len(candidates),
+        rows=tuple((n, _cell(probe.version), _cell(_verdict(probe, result)),
+                    _cell(_one_line(probe.evidence or probe.reason)), _run_link(folder, probe.run_dir))
+                   for n, probe in enumerate(result.steps, 1)),
+        notes=tuple(_md(note) for note in result.notes), candidates=_md(", ".join(candidates)),
+        untested_count=len(untested), untested=_md(", ".join(untested))))
 
 
 def _verdict(probe: Probe, result: BisectResult) -> str:

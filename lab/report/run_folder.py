@@ -173,94 +173,139 @@ def _dump_json(path: Path, data: dict) -> None:
 
 
 # --- report.md ---------------------------------------------------------------
+# The values report.md is laid out from (lab/report/templates/report.md.j2): plain strings and
+# flags, every Markdown escape done here.
+@dataclass(frozen=True)
+class Details:
+    """A collapsed log: <details> with a fenced block (four backticks when the body has three)."""
+
+    summary: str
+    body: str
+    fence: str
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    key: str
+    expected: str      # escaped for a table cell
+    observed: str
+    held: bool
+
+
+@dataclass(frozen=True)
+class DiagnosticsView:
+    words: tuple[str, ...]
+    trace_files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BaseView:
+    requested: str
+    origin: str        # in words: "pulled", "bootstrapped from Debian's archive", ...
+    image_id: str      # shortened
+    recipe: str | None
+
+
+@dataclass(frozen=True)
+class ReportView:
+    title: str
+    verdict: str
+    reason: str
+    case_name: str
+    torch: str
+    where: str
+    emulated: bool
+    upstream: str | None
+    ran: bool                      # False when the build failed: no run facts
+    duration: str
+    timeout: int
+    killed: str | None
+    limits: str | None             # RunLimits.describe() and describe_caps(), when confined
+    caps: str
+    cuts: str
+    description: str | None
+    words: tuple[str, ...]
+    checks: tuple[CheckRow, ...]
+    diagnostics: DiagnosticsView | None
+    not_collected: str             # why no diagnostics, when there are none
+    ablatable: bool
+    backend: str
+    mode: str | None
+    scenario_ref: str
+    script_name: str
+    args: str
+    script: str
+    rerun: str
+    platform: str
+    base_note: str | None          # the engine had no registry: how the base was made
+    build_base: str
+    run_env: str
+    logs: tuple[Details, ...]
+    pip_requirement: str
+    packages: tuple[str, ...]
+    base: BaseView | None
+    image_tag: str | None
+    facts: tuple[tuple[str, str], ...]
+    engine_version: str
+    host_arch: str
+    lab_version: str
+    environment: tuple[Details, ...]
+
+
 def render_report(rec: RunRecord) -> str:
     """In the order of PyTorch's pt2-bug-report.yml: the bug (with its trace, ablation and a
     minimal reproducer), then the error logs, then the versions."""
-    case, j = rec.case, rec.judgement
-    s = case.scenario
-    parts = [f"# {s.title or s.name}: {j.verdict.value.replace('_', ' ')}", ""]
-    parts += _summary(rec)
-    parts += ["", "## Describe the bug", "", "### Evidence", ""]
-    words = rec.evidence.plain_words() if rec.evidence else ["no run: the image build failed"]
-    parts += [f"- {w}" for w in words]
-    if j.checks:
-        parts += ["", "| expectation | expected | observed | held |", "|---|---|---|---|"]
-        parts += [f"| `{c.key}` | {_cell(c.expected)} | {_cell(c.observed)} | {'yes' if c.held else 'no'} |"
-                  for c in j.checks]
-    parts += _diagnostics_section(rec)
-    parts += ["", "### Ablation", "", _ablation_line(rec)]
-    parts += ["", "### Minimal reproducer", "", f"`{s.script.name}`" + _args(case), "",
-              "```python", s.script.read_text(errors="replace").rstrip(), "```", ""]
-    parts += _rerun(rec)
-    parts += ["", "## Error logs", ""] + _logs(rec)
-    parts += ["## Versions", ""] + _versions(rec) + [""] + _environment(rec)
-    return "\n".join(parts) + "\n"
+    from lab.report.markdown import render
+    return render("report.md.j2", report_view(rec))
 
 
-def _diagnostics_section(rec: RunRecord) -> list[str]:
+def report_view(rec: RunRecord) -> ReportView:
+    case, j, ev, s = rec.case, rec.judgement, rec.evidence, rec.case.scenario
     d = rec.diagnostics
-    if d is None:
-        why = ("no run" if rec.evidence is None else
-               "the run timed out, and a second run would hang too" if rec.evidence.timed_out else
-               "`--no-diagnose`")
-        return ["", "### Graph breaks, recompiles and compile time", "", f"Not collected: {why}."]
-    out = ["", "### Graph breaks, recompiles and compile time", "",
-           "From a second run of the script through the lab's runner (`diagnose/`): "
-           "`torch._dynamo.explain`, `TORCH_LOGS=recompiles` and `torch._dynamo.utils.compile_times()`.", ""]
-    out += [f"- {w}" for w in d.plain_words()] or ["- nothing was compiled"]
-    trace = rec.run_dir / "diagnose" / "trace"
-    out += ["", "### TORCH_TRACE", ""]
-    if d.trace_files:
-        out.append(f"{len(d.trace_files)} file(s) in `diagnose/trace/` (`{d.trace_files[0]}` ...): attach "
-                   "the `.log` files to the issue, or run `tlparse` on them.")
-    else:
-        out.append(f"`{trace.relative_to(rec.run_dir)}/` is empty: this torch wrote no structured trace.")
-    return out
-
-
-def _ablation_line(rec: RunRecord) -> str:
-    case = rec.case
-    if case.scenario.ablation.via == "none":
-        return "Not ablatable: the script hard-codes its backend (`ablation.via: none`)."
-    chosen = f"backend `{case.backend or 'as the script chooses'}`" + (f", mode `{case.mode}`" if case.mode else "")
-    return (f"This run: {chosen}. `lab run {scenario_ref(case)} --ablate` runs eager, aot_eager and "
-            "inductor on the same image and names the layer that fails.")
-
-
-def _environment(rec: RunRecord) -> list[str]:
-    out: list[str] = []
-    if rec.collect_env:
-        out += _details("python -m torch.utils.collect_env", rec.collect_env)
-    d = rec.run_dir
-    out += _details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else "")
-    return out
-
-
-def _summary(rec: RunRecord) -> list[str]:
-    case, s = rec.case, rec.case.scenario
     where = f"{case.arch.platform}" + (f", emulated with QEMU on an {rec.host_arch} host"
                                        if rec.emulated else ", native")
-    lines = [f"**Verdict:** `{rec.judgement.verdict.value}`: {rec.judgement.reason}", "",
-             f"- Case: `{case.name}`",
-             f"- torch {case.torch} on {where}",
-             f"- Emulated: {'yes' if rec.emulated else 'no'}"]
-    if s.upstream:
-        lines.append(f"- Upstream: {s.upstream}")
-    if rec.evidence is not None:
-        lines.append(f"- Run time: {rec.evidence.duration_s:.1f} s (timeout {s.timeout} s)")
-        killed = _killed(rec.evidence)
-        if killed:
-            lines.append(f"- Killed: {killed}")
-        if rec.evidence.limits is not None:
-            lines.append(f"- Confinement: {rec.evidence.limits.describe()}; a user other than root, a "
-                         "read-only root filesystem and a private /tmp, no capabilities, no-new-privileges, "
-                         "no host folder mounted; " + rec.evidence.limits.describe_caps())
-        cuts = _cut_words(rec.evidence)
-        if cuts:
-            lines.append(f"- Outputs cut or refused: {cuts}")
-    if s.description:
-        lines += ["", s.description.strip()]
-    return lines
+    base_note, build_base = None, s.base
+    if rec.base and rec.base.ref != rec.base.requested:
+        base_note = f"this engine had no registry: its base was {rec.base.origin} as {rec.base.ref}"
+        build_base = rec.base.ref
+    return ReportView(
+        title=s.title or s.name, verdict=j.verdict.value, reason=j.reason, case_name=case.name, torch=case.torch,
+        where=where, emulated=rec.emulated, upstream=s.upstream,
+        ran=ev is not None,
+        duration=f"{ev.duration_s:.1f}" if ev else "", timeout=s.timeout, killed=_killed(ev),
+        limits=ev.limits.describe() if ev and ev.limits else None,
+        caps=ev.limits.describe_caps() if ev and ev.limits else "",
+        cuts=_cut_words(ev) if ev else "",
+        description=s.description.strip() if s.description else None,
+        words=tuple(ev.plain_words() if ev else ["no run: the image build failed"]),
+        checks=tuple(CheckRow(c.key, _cell(c.expected), _cell(c.observed), c.held) for c in j.checks),
+        diagnostics=None if d is None else DiagnosticsView(tuple(d.plain_words()), tuple(d.trace_files)),
+        not_collected=("no run" if ev is None else
+                       "the run timed out, and a second run would hang too" if ev.timed_out else "`--no-diagnose`"),
+        ablatable=s.ablation.via != "none", backend=case.backend or "as the script chooses", mode=case.mode,
+        scenario_ref=scenario_ref(case),
+        script_name=s.script.name, args=_args(case), script=s.script.read_text(errors="replace").rstrip(),
+        rerun=shlex.join(_rerun_command(case)), platform=case.arch.platform, base_note=base_note,
+        build_base=build_base,
+        run_env="".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items())),
+        logs=tuple(_logs(rec)),
+        pip_requirement=case.requirements[0], packages=tuple(_packages(rec.run_dir)),
+        base=None if rec.base is None else BaseView(rec.base.requested, _BASE_ORIGIN[rec.base.origin],
+                                                    rec.base.image_id[:19], rec.base.recipe),
+        image_tag=rec.image.tag if rec.image else None,
+        facts=tuple(collect_env_facts(rec.collect_env or "")),
+        engine_version=rec.engine_version, host_arch=rec.host_arch, lab_version=__version__,
+        environment=tuple(_environment(rec)),
+    )
+
+
+def _environment(rec: RunRecord) -> list[Details]:
+    out: list[Details] = []
+    if rec.collect_env:
+        out.append(_details("python -m torch.utils.collect_env", rec.collect_env))
+    d = rec.run_dir
+    out.append(_details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else ""))
+    return out
 
 
 def _killed(ev) -> str | None:
@@ -290,25 +335,18 @@ def _cut_words(ev: Evidence) -> str:
     return "; ".join(parts) + ("; see the evidence below" if parts else "")
 
 
-def _versions(rec: RunRecord) -> list[str]:
-    lines = [f"- torch: {rec.case.torch} (pip: `{rec.case.requirements[0]}`)"]
-    freeze = rec.run_dir / "pip-freeze.txt"
-    if freeze.exists():
-        pkgs = [ln for ln in freeze.read_text().splitlines() if ln.split("==")[0].lower() in
-                ("torch", "numpy", "sympy", "triton", "filelock")]
-        lines += [f"- {p}" for p in pkgs if not p.startswith("torch==")]
-    if rec.base:
-        origin = {"bootstrapped": "bootstrapped from Debian's archive", "pulled": "pulled",
-                  "local": "present on the engine"}[rec.base.origin]
-        lines.append(f"- Base image: `{rec.base.requested}` ({origin}; `{rec.base.image_id[:19]}`)")
-        if rec.base.recipe:
-            lines.append(f"- Bootstrap recipe: `{rec.base.recipe}`")
-    if rec.image:
-        lines.append(f"- Image: `{rec.image.tag}`")
-    lines += [f"- {key}: {value}" for key, value in collect_env_facts(rec.collect_env or "")]
-    lines.append(f"- Docker engine: {rec.engine_version} on {rec.host_arch}")
-    lines.append(f"- torch-repro-lab: {__version__}")
-    return lines
+_BASE_ORIGIN = {"bootstrapped": "bootstrapped from Debian's archive", "pulled": "pulled",
+                "local": "present on the engine"}
+
+
+def _packages(run_dir: Path) -> list[str]:
+    """The pip freeze lines worth a line in an issue (torch has its own)."""
+    freeze = run_dir / "pip-freeze.txt"
+    if not freeze.exists():
+        return []
+    return [ln for ln in freeze.read_text().splitlines()
+            if ln.split("==")[0].lower() in ("torch", "numpy", "sympy", "triton", "filelock")
+            and not ln.startswith("torch==")]
 
 
 _ENV_FACTS = ("Python version", "OS", "GCC version", "Libc version", "CUDA runtime version",
@@ -345,8 +383,7 @@ def _args(case: Case) -> str:
     return (" " + shlex.join(case.scenario.args)) if case.scenario.args else ""
 
 
-def _rerun(rec: RunRecord) -> list[str]:
-    case = rec.case
+def _rerun_command(case: Case) -> list[str]:
     cmd = ["lab", "run", scenario_ref(case), "--torch", case.torch, "--arch", case.arch.value]
     if case.backend:
         cmd += ["--backend", case.backend]
@@ -354,20 +391,11 @@ def _rerun(rec: RunRecord) -> list[str]:
         cmd += ["--mode", case.mode]
     for k, v in case.vars:
         cmd += ["--set", f"{k}={v}"]
-    env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items()))
-    lines = ["Run it with the lab:", "", "```sh", shlex.join(cmd), "```", "",
-             "Without it, from this run folder (it is the build context):", "", "```sh"]
-    if rec.base and rec.base.ref != rec.base.requested:
-        lines.append(f"# this engine had no registry: its base was {rec.base.origin} as {rec.base.ref}")
-        lines.append(f"docker build --platform {case.arch.platform} --build-arg BASE={rec.base.ref} -t repro .")
-    else:
-        lines.append(f"docker build --platform {case.arch.platform} --build-arg BASE={case.scenario.base} -t repro .")
-    lines += [f"docker run --rm --platform {case.arch.platform}{env} -e LD_DEBUG=libs,files repro", "```"]
-    return lines
+    return cmd
 
 
-def _logs(rec: RunRecord) -> list[str]:
-    out: list[str] = []
+def _logs(rec: RunRecord) -> list[Details]:
+    out: list[Details] = []
     d = rec.run_dir
     logs = (("stderr.txt", "stderr"), ("stdout.txt", "stdout"),
             ("diagnose/stderr.txt", "diagnose step: stderr (TORCH_LOGS=recompiles)"), ("build.log", "build log"))
@@ -376,19 +404,17 @@ def _logs(rec: RunRecord) -> list[str]:
             text = read_text(d / name, limit=256 * 1024)
             lines = text.splitlines()
             note = f" (last {_LOG_TAIL_LINES} of {len(lines)} lines)" if len(lines) > _LOG_TAIL_LINES else ""
-            out += _details(title + note, "\n".join(lines[-_LOG_TAIL_LINES:]))
+            out.append(_details(title + note, "\n".join(lines[-_LOG_TAIL_LINES:])))
     if rec.evidence and rec.evidence.duplicate_runtimes:
-        out += _details("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
+        out.append(_details("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
             f"pid {dup.pid}: {path}  <- {obj.needed_by or '?'}"
             for dup in rec.evidence.duplicate_runtimes
-            for path, obj in zip(dup.paths, dup.objects, strict=True)))
+            for path, obj in zip(dup.paths, dup.objects, strict=True))))
     return out
 
 
-def _details(summary: str, body: str) -> list[str]:
-    fence = "````" if "```" in body else "```"
-    return ["<details>", f"<summary>{summary}</summary>", "", fence + "text", body.rstrip(), fence,
-            "", "</details>", ""]
+def _details(summary: str, body: str) -> Details:
+    return Details(summary, body.rstrip(), "````" if "```" in body else "```")
 
 
 def _cell(text: str) -> str:
