@@ -139,9 +139,9 @@ def test_doctor_reports_qemu_10_or_newer_on_this_x86_64_host():
 def test_arm64_containers_run_under_qemu_10_or_newer(tmp_path):
     """What a case's container gets: the F-flag handler seen through the engine (as `lab doctor`
     in the lab's own container checks it)."""
+    from lab.core.arch import Arch
     from lab.doctor import _binfmt_through_engine
-    from lab.engine import Engine
-    from lab.scenario import Arch
+    from lab.engine.docker_engine import Engine
     engine = Engine.connect()
     if engine.arch is Arch.ARM64:
         pytest.skip("native arm64 engine: no emulation")
