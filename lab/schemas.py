@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from lab.bundle.archive import Manifest
+from lab.bundle.manifest import Manifest
 from lab.core.errors import ScenarioError
 from lab.core.results import RUN_FILE, SCHEMA_VERSION, AblationResult, BisectResult, EvidenceRecord, MatrixResult
 

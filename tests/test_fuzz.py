@@ -27,8 +27,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lab.bundle.archive import BundleError, inspect_bundle, open_bundle, parse_manifest, validate_manifest
+from lab.bundle.archive import inspect_bundle, open_bundle
+from lab.bundle.manifest import parse_manifest, validate_manifest
 from lab.core.errors import ScenarioError
+from lab.core.safetar import BundleError
 from lab.scenario.schema import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

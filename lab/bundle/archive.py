@@ -55,10 +55,7 @@ import contextlib
 import gzip
 import hashlib
 import io
-import json
 import os
-import re
-import shlex
 import stat
 import tarfile
 import tempfile
@@ -66,53 +63,42 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
-from typing import IO, Annotated, Any, Literal
+from pathlib import Path
+from typing import IO, Any
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from lab import __version__
-from lab.core.results import RunResult, UnfinishedRun, read_result, validation_problem
+from lab.bundle.instructions import REPLAY_HEADING, AnyResult, replay_instructions, verdict_text
+from lab.bundle.manifest import (
+    BUNDLE_FORMAT,
+    DEFAULT_LIMITS,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    ROOT_RE,
+    BundleLimits,
+    FileEntry,
+    LeftOutEntry,
+    Manifest,
+    check_path,
+    manifest_error,
+    parse_manifest,
+    validate_manifest,
+)
+from lab.core.results import RunResult, read_result
 from lab.core.safetar import (
     HEADER_BUDGET,
     BundleError,
-    _check_name,
-    _CountingReader,
-    _read_problem,
-    _TooMuch,
+    CountingReader,
+    TooMuch,
+    read_problem,
     safe_extract,
 )
 from lab.core.scrub import is_secret_name, scrub_text, secret_values
 
-__all__ = [
-    "BUNDLE_FORMAT",
-    "FORMAT_VERSION",
-    "MAX_MANIFEST_BYTES",
-    "BundleError",
-    "BundleInfo",
-    "BundleLimits",
-    "Comparison",
-    "Manifest",
-    "Unpacked",
-    "compare",
-    "inspect_bundle",
-    "open_bundle",
-    "replay_instructions",
-    "signature",
-    "unpack_bundle",
-    "validate_manifest",
-    "write_bundle",
-]
-
-BUNDLE_FORMAT = "torch-repro-lab-bundle"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
-MANIFEST_NAME = "bundle.json"
-MAX_MANIFEST_BYTES = 4 << 20
 MAX_SCRUB_BYTES = 256 << 20     # a text file larger than this is left out rather than read whole
 COMPRESSLEVEL = 6
-REPLAY_HEADING = "## How to replay"
 
 WHY_WHEEL = "host-local wheel; replay takes it from the replaying host's pip sources"
 WHY_CA = "host CA bundle; the replaying host's CA bundle is used"
@@ -123,20 +109,8 @@ WHY_SPECIAL = "not a regular file"
 WHY_BINARY_SECRET = "binary file that contains the value of a secret-named environment variable"
 
 _DATA_DIRS = ("out", "diagnose")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_ROOT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 _HASH_CHUNK = 1 << 20
 
-
-@dataclass(frozen=True)
-class BundleLimits:
-    """What `open_bundle` accepts: the unpacked size of all files, and how many there may be."""
-
-    max_total_bytes: int = 2 << 30
-    max_files: int = 20_000
-
-
-DEFAULT_LIMITS = BundleLimits()
 
 
 @dataclass(frozen=True)
@@ -148,164 +122,6 @@ class BundleInfo:
     file_count: int                # files from the run folder in it (bundle.json not counted)
     left_out: tuple[LeftOutEntry, ...]
     manifest: Manifest = field(repr=False)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The result of `compare`: whether two runs failed the same way, and what differs."""
-
-    same: bool
-    lines: tuple[str, ...]
-
-
-# --------------------------------------------------------------------------- manifest model
-
-
-def _check_path(value: str) -> str:
-    why = _check_name(value)
-    if why is None and value.endswith("/"):
-        why = "it ends with '/'"
-    if why is None and any(ord(c) < 32 or ord(c) == 127 for c in value):
-        why = "it contains a control character"
-    if why:
-        raise ValueError(f"must be a relative POSIX path inside the bundle, but {why}")
-    return value
-
-
-def _check_sha(value: str) -> str:
-    if not _SHA256_RE.fullmatch(value):
-        raise ValueError("must be a sha256 digest: 64 lowercase hexadecimal digits")
-    return value
-
-
-def _check_created(value: str) -> str:
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("must be an ISO 8601 time such as 2026-11-22T12:30:00+00:00") from None
-    return value
-
-
-def _limits(info: ValidationInfo) -> BundleLimits:
-    return (info.context or {}).get("limits", DEFAULT_LIMITS)
-
-
-RelPath = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_check_path)]
-Sha256 = Annotated[str, AfterValidator(_check_sha)]
-ShortText = Annotated[str, Field(max_length=200)]
-LongText = Annotated[str, Field(max_length=10_000)]
-Size = Annotated[int, Field(ge=0, le=1 << 50)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class FileEntry(_Strict):
-    path: RelPath
-    size: Size
-    sha256: Sha256
-    kind: Literal["meta", "data"]
-
-
-class LeftOutEntry(_Strict):
-    path: RelPath
-    size: Size | None
-    sha256: Sha256 | None
-    why: Annotated[str, Field(min_length=1, max_length=1000)]
-
-
-class Manifest(_Strict):
-    """bundle.json (see the module docstring)."""
-
-    format: Literal["torch-repro-lab-bundle"]
-    format_version: int
-    created: Annotated[str, Field(max_length=64), AfterValidator(_check_created)]
-    lab_version: ShortText
-    scenario: ShortText | None
-    case: Annotated[str, Field(max_length=1000)] | None
-    torch: ShortText | None
-    arch: ShortText | None
-    verdict: ShortText | None
-    reason: LongText | None
-    summary: Annotated[list[LongText], Field(max_length=1000)]
-    slim: bool
-    files: Annotated[list[FileEntry], Field(max_length=1_000_000)]
-    left_out: Annotated[list[LeftOutEntry], Field(max_length=1_000_000)]
-
-    @model_validator(mode="after")
-    def _consistent(self, info: ValidationInfo) -> Manifest:
-        limits = _limits(info)
-        if len(self.files) > limits.max_files:
-            raise ValueError(f"files: lists {len(self.files)} files, more than the limit of {limits.max_files}")
-        total = sum(f.size for f in self.files)
-        if total > limits.max_total_bytes:
-            raise ValueError(f"files: adds up to {total} bytes, more than the limit of {limits.max_total_bytes}")
-        seen: set[str] = set()
-        for entry in self.files:
-            if entry.path == MANIFEST_NAME:
-                raise ValueError(f"files: lists {MANIFEST_NAME} itself, which the manifest cannot describe")
-            if entry.path in seen:
-                raise ValueError(f"files: lists {entry.path!r} twice")
-            seen.add(entry.path)
-        return self
-
-
-def _manifest_error(where: str, message: str, hint: str | None = None) -> BundleError:
-    return BundleError(f"{where}: {MANIFEST_NAME}: {message}",
-                       hint=hint or "The bundle was not made by `lab bundle`, or was damaged; ask for it again.")
-
-
-def validate_manifest(data: Any, where: str, limits: BundleLimits = DEFAULT_LIMITS) -> Manifest:
-    """bundle.json's parsed JSON as a Manifest, or one BundleError naming `where` and the field."""
-    if not isinstance(data, dict):
-        raise _manifest_error(where, f"must be a JSON object, got {type(data).__name__}")
-    version = data.get("format_version")
-    if data.get("format") == BUNDLE_FORMAT and isinstance(version, int) and not isinstance(version, bool) \
-            and version not in SUPPORTED_VERSIONS:
-        readable = ", ".join(map(str, sorted(SUPPORTED_VERSIONS)))
-        raise _manifest_error(
-            where, f"field `format_version`: this lab reads bundle format {readable}, but the bundle is format "
-                   f"{version}",
-            hint="Upgrade torch-repro-lab (or ask for a bundle made by this version).")
-    try:
-        return Manifest.model_validate(data, context={"limits": limits})
-    except ValidationError as exc:
-        text = validation_problem(exc)
-        more = len(exc.errors()) - 1
-        hint = (f"{more} more problem{'s' if more > 1 else ''} after this one. " if more else "") + \
-            "The bundle was not made by `lab bundle`, or was damaged; ask for it again."
-        raise _manifest_error(where, text, hint) from None
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"the key {key!r} appears twice in one object")
-        result[key] = value
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def parse_manifest(raw: bytes, where: str, limits: BundleLimits = DEFAULT_LIMITS) -> Manifest:
-    """Parse and validate bundle.json's bytes (at most MAX_MANIFEST_BYTES)."""
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise _manifest_error(where, f"is larger than {MAX_MANIFEST_BYTES} bytes, the limit")
-    try:
-        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except UnicodeDecodeError as exc:
-        raise _manifest_error(where, f"is not UTF-8 (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise _manifest_error(where, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") \
-            from None
-    except (ValueError, RecursionError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else "nested too deeply"
-        raise _manifest_error(where, f"is not usable JSON ({reason[:200]})") from None
-    return validate_manifest(data, where, limits)
 
 
 # --------------------------------------------------------------------------- reading the head
@@ -344,7 +160,7 @@ def read_head(source: Path | str | IO[bytes], limits: BundleLimits = DEFAULT_LIM
 
 def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHead:
     unzipped = gzip.GzipFile(fileobj=handle, mode="rb")
-    counter = _CountingReader(unzipped, MAX_MANIFEST_BYTES + HEADER_BUDGET)
+    counter = CountingReader(unzipped, MAX_MANIFEST_BYTES + HEADER_BUDGET)
     member_name = None
     try:
         with counter.window(HEADER_BUDGET):
@@ -356,20 +172,20 @@ def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHea
             raise BundleError(f"{where}: the archive is empty", hint="It is not a bundle made by `lab bundle`.")
         member_name = member.name
         root, _, name = member.name.partition("/")
-        if name == MANIFEST_NAME and _ROOT_RE.fullmatch(root) and not member.isreg():
-            raise _manifest_error(where, f"the first member {member.name!r} is not a regular file")
-        if name != MANIFEST_NAME or not _ROOT_RE.fullmatch(root):
+        if name == MANIFEST_NAME and ROOT_RE.fullmatch(root) and not member.isreg():
+            raise manifest_error(where, f"the first member {member.name!r} is not a regular file")
+        if name != MANIFEST_NAME or not ROOT_RE.fullmatch(root):
             raise BundleError(
                 f"{where}: its first member is {member.name!r}, not <folder>/{MANIFEST_NAME}",
                 hint="It is not a bundle made by `lab bundle` (or it was repacked); ask for the bundle again.")
         if member.size > MAX_MANIFEST_BYTES:
-            raise _manifest_error(where, f"is {member.size} bytes, more than the limit of {MAX_MANIFEST_BYTES}")
+            raise manifest_error(where, f"is {member.size} bytes, more than the limit of {MAX_MANIFEST_BYTES}")
         extracted = tar.extractfile(member)
         assert extracted is not None
         raw = extracted.read()
         if len(raw) != member.size:
             raise BundleError(f"{where}: the archive is truncated inside {MANIFEST_NAME}")
-    except _TooMuch:
+    except TooMuch:
         raise BundleError(f"{where}: its first member unpacks to more data than a bundle head may "
                           "(a compression bomb?)") from None
     except gzip.BadGzipFile as exc:
@@ -377,7 +193,7 @@ def _read_head(handle: IO[bytes], where: str, limits: BundleLimits) -> BundleHea
                           hint="A bundle is the .tar.gz that `lab bundle` writes.") from None
     except (EOFError, tarfile.TarError, zlib.error, OSError) as exc:
         inside = f"member {member_name!r}: " if member_name else ""
-        raise BundleError(f"{where}: {inside}{_read_problem(exc)}", hint="Ask for the bundle again.") from None
+        raise BundleError(f"{where}: {inside}{read_problem(exc)}", hint="Ask for the bundle again.") from None
     manifest = parse_manifest(raw, where, limits)
     return BundleHead(manifest, root, len(raw), hashlib.sha256(raw).hexdigest())
 
@@ -573,7 +389,7 @@ def _plan(run_dir: Path, *, slim: bool, env: Mapping[str, str], skip: set[Path],
         why = _why_left_out(rel, slim)
         if why is None:
             try:
-                _check_path(rel)
+                check_path(rel)
             except ValueError as exc:
                 why = f"its name cannot go into a bundle ({exc})"
         if why is not None:
@@ -589,7 +405,7 @@ def _plan(run_dir: Path, *, slim: bool, env: Mapping[str, str], skip: set[Path],
             item = _with_replay(item, bundle_name, result, scenario, run_dir.name, env)
         planned.append(item)
     if not has_report:
-        text = f"# {result.case or run_dir.name}: {_verdict(result) or 'no verdict'}\n\n" \
+        text = f"# {result.case or run_dir.name}: {verdict_text(result) or 'no verdict'}\n\n" \
                "This run wrote no report.md.\n"
         item = _Planned("report.md", "meta", 0, "", 0o644, data=text.encode())
         planned.append(_with_replay(item, bundle_name, result, scenario, run_dir.name, env))
@@ -714,7 +530,7 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
                           hint="Pass a folder that `lab run` made, such as runs/<scenario>/<time>-torch<v>-<arch>.")
     run_path = Path(os.path.realpath(given))
     root = run_path.name
-    if not _ROOT_RE.fullmatch(root):
+    if not ROOT_RE.fullmatch(root):
         raise BundleError(f"{given}: the folder name {root!r} cannot name a bundle's folder",
                           hint="Rename it to letters, digits, '.', '_', '+' and '-' only.")
     target = Path(out) if out is not None else Path.cwd() / f"{root}.tar.gz"
@@ -732,7 +548,7 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
         "created": created.isoformat(), "lab_version": __version__,
         "scenario": _text(result.scenario, env), "case": _text(result.case, env, 1000),
         "torch": _text(result.torch, env), "arch": _text(result.arch, env),
-        "verdict": _verdict(result), "reason": _text(result.reason, env, 10_000),
+        "verdict": verdict_text(result), "reason": _text(result.reason, env, 10_000),
         "summary": [scrub_text(s, env)[:10_000] for s in summary[:1000]],
         "slim": slim,
         "files": [{"path": i.path, "size": i.size, "sha256": i.sha256, "kind": i.kind} for i in items],
@@ -755,156 +571,3 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
         raise
     return BundleInfo(path=target, size=target.stat().st_size, file_count=len(items),
                       left_out=tuple(manifest.left_out), manifest=manifest)
-
-
-# --------------------------------------------------------------------------- replay instructions
-
-
-AnyResult = RunResult | UnfinishedRun
-
-
-def _verdict(result: AnyResult) -> str | None:
-    return None if result.verdict is None else result.verdict.value
-
-
-def _base(result: AnyResult, scenario: Mapping[str, Any]) -> tuple[str, str | None]:
-    base = result.base if isinstance(result, RunResult) else None
-    requested = (base.requested if base else None) or scenario.get("base") or "debian:bookworm"
-    note = None
-    if base is not None and base.origin == "bootstrapped":
-        note = (f"# The original engine had no registry and built {requested} from Debian's archive "
-                "(scenario.yaml: resolved.base.recipe); with a registry, docker pulls it.")
-    return str(requested), note
-
-
-def _run_env(scenario: Mapping[str, Any], result: AnyResult) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for source in (scenario.get("env"), (scenario.get("resolved") or {}).get("vars")
-                   if isinstance(scenario.get("resolved"), dict) else None):
-        if isinstance(source, dict):
-            env.update({str(k): str(v) for k, v in source.items()})
-    if result.backend:
-        env["LAB_BACKEND"] = result.backend
-    if result.mode:
-        env["LAB_MODE"] = result.mode
-    return env
-
-
-def replay_instructions(bundle_name: str, result: AnyResult, *, scenario: Mapping[str, Any] | None = None,
-                        folder: str | None = None) -> str:
-    """The "How to replay" section that ends a bundle's report.md (markdown).
-
-    `result` is the run's result.json, `scenario` its scenario.yaml (for the script's environment,
-    GPU and limits), `folder` the bundle's top folder (default: the run folder named in result.json).
-    """
-    scenario = scenario or {}
-    folder = folder or PurePosixPath(result.run_dir).name or bundle_name.removesuffix(".tar.gz").removesuffix(".tgz")
-    platform = f"linux/{result.arch}"
-    base, note = _base(result, scenario)
-    run = ["docker", "run", "--rm", "--platform", platform]
-    if scenario.get("gpu") is True:
-        run += ["--gpus", "all"]
-    if scenario.get("network") is not True:
-        run += ["--network", "none"]
-    limits = scenario.get("limits")
-    if isinstance(limits, dict):
-        if limits.get("memory"):
-            run += ["--memory", str(limits["memory"])]
-        if limits.get("pids"):
-            run += ["--pids-limit", str(limits["pids"])]
-        if limits.get("cpus"):
-            run += ["--cpus", str(limits["cpus"])]
-    for key, value in sorted(_run_env(scenario, result).items()):
-        run += ["-e", f"{key}={value}"]
-    run += ["-e", "LD_DEBUG=libs,files", "repro"]
-    lines = [
-        REPLAY_HEADING, "",
-        "With the lab (install it as its README says), which checks the bundle, rebuilds the image for "
-        f"{platform} and tells whether the replay fails the same way:", "",
-        "```sh",
-        "pip install ./torch-repro-lab   # a checkout of the lab; its bin/setup also sets up Docker",
-        f"lab replay {shlex.quote(bundle_name)}", "```", "",
-        "With Docker alone:", "",
-        "```sh",
-        f"tar xzf {shlex.quote(bundle_name)}",
-        f"cd {shlex.quote(folder)}",
-        "# lab/ca.crt (the original host's CA bundle) is not in the bundle: use your own, or your proxy's",
-        "cp /etc/ssl/certs/ca-certificates.crt lab/ca.crt",
-    ]
-    if note:
-        lines.append(note)
-    lines += [f"docker build --platform {platform} --build-arg BASE={shlex.quote(base)} -t repro .",
-              shlex.join(run), "```", ""]
-    if isinstance(result, RunResult) and result.emulated:
-        lines += [f"On a host that is not {platform.split('/')[1]}, Docker emulates it with QEMU "
-                  "(binfmt_misc), as the original run did.", ""]
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- signatures
-
-
-def _exit_class(code: int | None) -> str:
-    if code is None:
-        return "none"
-    if code == 0:
-        return "success"
-    if 0 < code < 128:
-        return "failure"
-    return "signal"
-
-
-def signature(result: RunResult) -> dict[str, Any]:
-    """What identifies how a run failed, so that two runs can be compared (see `compare`).
-
-    The verdict; each duplicate runtime family with the file names of its copies (pids and folders
-    ignored); the final exception's type and the first line of its message; the graph-break count
-    when there is one; and the exit code's class (success, failure, signal, none).
-    """
-    runtimes: dict[str, set[str]] = {}
-    for dup in result.evidence.duplicate_runtimes:
-        runtimes.setdefault(dup.family, set()).update(os.path.basename(os.path.normpath(p)) for p in dup.paths)
-    exc = result.evidence.exception
-    exception = None
-    if exc is not None and exc.type:
-        exception = {"type": exc.type, "message": (exc.message.strip().splitlines() or [""])[0].strip()}
-    sig: dict[str, Any] = {
-        "verdict": result.verdict.value,
-        "duplicate_runtimes": {family: sorted(names) for family, names in sorted(runtimes.items())},
-        "exception": exception,
-        "exit": _exit_class(result.exit_code),
-    }
-    if result.graph_breaks is not None:
-        sig["graph_breaks"] = result.graph_breaks
-    return sig
-
-
-def _set(names: list[str] | None) -> str:
-    return "{" + ", ".join(names) + "}" if names else "none"
-
-
-def _exception_text(exc: dict[str, str] | None) -> str:
-    if not exc:
-        return "none"
-    return f"{exc['type']}: {exc['message']}" if exc["message"] else exc["type"]
-
-
-def compare(old_result: RunResult, new_result: RunResult) -> Comparison:
-    """Whether a replay failed the same way as the original: one line per difference."""
-    old, new = signature(old_result), signature(new_result)
-    lines: list[str] = []
-    if old["verdict"] != new["verdict"]:
-        lines.append(f"verdict: {old['verdict']} → {new['verdict']}")
-    for family in sorted(set(old["duplicate_runtimes"]) | set(new["duplicate_runtimes"])):
-        before, after = old["duplicate_runtimes"].get(family), new["duplicate_runtimes"].get(family)
-        if before != after:
-            lines.append(f"{family} runtimes: {_set(before)} → {_set(after)}")
-    if old["exception"] != new["exception"]:
-        lines.append(f"exception: {_exception_text(old['exception'])} → {_exception_text(new['exception'])}")
-    if old.get("graph_breaks") != new.get("graph_breaks") and "graph_breaks" in old and "graph_breaks" in new:
-        lines.append(f"graph breaks: {old['graph_breaks']} → {new['graph_breaks']}")
-    if old["exit"] != new["exit"]:
-        lines.append(f"exit: {old['exit']} → {new['exit']}")
-    if not lines:
-        return Comparison(True, ("same verdict, same signature",))
-    return Comparison(False, tuple(lines))

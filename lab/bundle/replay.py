@@ -47,7 +47,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from lab.build.hostpip import HostPip
 from lab.build.render import BASE_PACKAGES, ContextFile, context_digest, plan_build, render_dockerfile
 from lab.build.resolve import BACKENDS, MODES, Case, resolve
-from lab.bundle.archive import Comparison, Manifest, Unpacked, compare, unpack_bundle
+from lab.bundle.archive import Unpacked, unpack_bundle
+from lab.bundle.compare import Comparison, compare
+from lab.bundle.manifest import Manifest
 from lab.core.errors import ScenarioError
 from lab.core.records import Events, RunLimits, no_events
 from lab.core.results import RESULT_NAME, RunResult, parse_result

@@ -61,11 +61,11 @@ class BundleError(LabError):
     """A bundle (or another archive) is unreadable, malformed or refused as unsafe."""
 
 
-class _TooMuch(Exception):
+class TooMuch(Exception):
     """The decompressed stream ran past its allowance."""
 
 
-class _CountingReader(io.RawIOBase):
+class CountingReader(io.RawIOBase):
     """Reads through `inner`, refusing to hand out more than `limit` bytes in all, or more than
     the current `window` while one is open. Reads are cut short so nothing past a limit is ever
     decompressed into memory."""
@@ -89,7 +89,7 @@ class _CountingReader(io.RawIOBase):
         data = self.inner.read(size)
         self.count += len(data)
         if self.count > end:
-            raise _TooMuch
+            raise TooMuch
         self.tail += data[-_TAIL:]
         del self.tail[:-_TAIL]
         return data
@@ -113,7 +113,7 @@ def _refuse(archive: Path, member: str | None, why: str, hint: str | None = _HIN
     return BundleError(f"{where}{why}", hint=hint)
 
 
-def _check_name(name: str) -> str | None:
+def check_name(name: str) -> str | None:
     """Why a member name is refused, or None when it is acceptable."""
     if not name:
         return "its name is empty"
@@ -196,7 +196,7 @@ class _Extraction:
         return _refuse(self.archive, member, why)
 
     def check(self, member: tarfile.TarInfo) -> str:
-        why = _check_name(member.name) or _kind(member)
+        why = check_name(member.name) or _kind(member)
         if why:
             raise self.refuse(member.name, why)
         name = member.name.rstrip("/")
@@ -308,7 +308,7 @@ def _extract_all(archive: Path, job: _Extraction, stream_limit: int) -> None:
         raise BundleError(f"{archive}: cannot read it: {exc.strerror or exc}") from None
     member_name: str | None = None
     with raw, gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-        counter = _CountingReader(unzipped, stream_limit)
+        counter = CountingReader(unzipped, stream_limit)
         try:
             with counter.window(HEADER_BUDGET):  # opening reads the first member's headers
                 tar = tarfile.open(fileobj=counter, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
@@ -329,16 +329,16 @@ def _extract_all(archive: Path, job: _Extraction, stream_limit: int) -> None:
                                           f"{job.root.parent}: {exc.strerror or exc}") from None
                     member_name = None
             _check_trailer(counter, job, tar.offset)
-        except _TooMuch:
+        except TooMuch:
             raise job.refuse(member_name, "the archive unpacks to more data than its limits allow "
                                           "(a compression bomb?)") from None
         except (EOFError, zlib.error, gzip.BadGzipFile, tarfile.ReadError) as exc:
-            raise job.refuse(member_name, _read_problem(exc)) from None
+            raise job.refuse(member_name, read_problem(exc)) from None
         except (tarfile.TarError, OSError) as exc:
             raise job.refuse(member_name, f"it cannot be read as a tar archive ({exc})") from None
 
 
-def _check_trailer(counter: _CountingReader, job: _Extraction, end: int) -> None:
+def _check_trailer(counter: CountingReader, job: _Extraction, end: int) -> None:
     """Read the stream to its end: gzip checks its CRC only there, and tar stops quietly at a
     damaged header, so anything but zeros after the last member (from `end`, where tar stopped,
     including what tar read ahead) means a damaged archive."""
@@ -351,7 +351,8 @@ def _check_trailer(counter: _CountingReader, job: _Extraction, end: int) -> None
             raise job.refuse(None, why)
 
 
-def _read_problem(exc: BaseException) -> str:
+def read_problem(exc: BaseException) -> str:
+    """One sentence saying why reading the archive failed with `exc` (bad gzip, truncated, corrupt)."""
     if isinstance(exc, gzip.BadGzipFile):
         return f"it is not a gzip-compressed tar archive ({exc})"
     if isinstance(exc, EOFError) or "unexpected end of data" in str(exc):
@@ -411,7 +412,7 @@ class _OutputCopy:
         name = member.name.removeprefix("./").rstrip("/")
         if name in ("", "."):
             return None
-        why = _check_name(name)
+        why = check_name(name)
         if why:
             self.skip(name, "unsafe name", why)
             return None
@@ -486,7 +487,7 @@ def extract_outputs(chunks: Iterable[bytes], dest: Path | str, *, max_total_byte
     folder = dest.name
     job = _OutputCopy(dest, max_total_bytes, max_files, reserved)
     stream_limit = max_total_bytes + max_files * _PER_MEMBER_OVERHEAD + HEADER_BUDGET
-    counter = _CountingReader(_ChunkReader(chunks), stream_limit)
+    counter = CountingReader(_ChunkReader(chunks), stream_limit)
     stopped: str | None = None
     name: str | None = None
     try:
@@ -511,7 +512,7 @@ def extract_outputs(chunks: Iterable[bytes], dest: Path | str, *, max_total_byte
                     break
                 job.write(tar, member, name)
                 name = None
-    except _TooMuch:
+    except TooMuch:
         stopped = "the archive of /out ran past its size cap (headers included); the rest was not copied"
     except (EOFError, zlib.error, tarfile.TarError) as exc:
         where = f" at {name!r}" if name else ""

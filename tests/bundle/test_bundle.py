@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 
 from lab.bundle.archive import (
-    MAX_MANIFEST_BYTES,
-    REPLAY_HEADING,
     WHY_BINARY_SECRET,
     WHY_CA,
     WHY_LINK,
@@ -24,17 +22,16 @@ from lab.bundle.archive import (
     WHY_SLIM,
     WHY_SPECIAL,
     WHY_WHEEL,
-    BundleError,
-    BundleLimits,
-    compare,
     inspect_bundle,
     open_bundle,
-    replay_instructions,
-    signature,
     write_bundle,
 )
+from lab.bundle.compare import compare, signature
+from lab.bundle.instructions import REPLAY_HEADING, replay_instructions
+from lab.bundle.manifest import MAX_MANIFEST_BYTES, BundleLimits
 from lab.core.errors import ResultError
 from lab.core.results import RunResult
+from lab.core.safetar import BundleError
 
 REAL_RUN = Path(__file__).resolve().parents[1] / "data" / "run-folders" / "20261122T120958Z-torch2.5.1-arm64"
 CREATED = datetime(2026, 11, 22, 12, 30, tzinfo=timezone.utc)

@@ -20,7 +20,7 @@ import yaml
 
 from lab.build.render import render_dockerfile
 from lab.build.resolve import resolve
-from lab.bundle.archive import BundleError, write_bundle
+from lab.bundle.archive import write_bundle
 from lab.bundle.replay import (
     MAX_DIFF_LINES,
     SCRIPT_HEAD_LINES,
@@ -30,6 +30,7 @@ from lab.bundle.replay import (
     visible,
 )
 from lab.core.errors import ScenarioError
+from lab.core.safetar import BundleError
 from lab.report.run_folder import resolved_scenario
 from lab.scenario.schema import Arch, load_scenario
 from tests.conftest import fake_result

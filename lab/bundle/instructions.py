@@ -1,0 +1,96 @@
+"""The "How to replay" section that ends a bundle's report.md."""
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from lab.core.results import RunResult, UnfinishedRun
+
+REPLAY_HEADING = "## How to replay"
+
+
+
+AnyResult = RunResult | UnfinishedRun
+
+
+def verdict_text(result: AnyResult) -> str | None:
+    """The run's verdict as a string, or None when it has none."""
+    return None if result.verdict is None else result.verdict.value
+
+
+def _base(result: AnyResult, scenario: Mapping[str, Any]) -> tuple[str, str | None]:
+    base = result.base if isinstance(result, RunResult) else None
+    requested = (base.requested if base else None) or scenario.get("base") or "debian:bookworm"
+    note = None
+    if base is not None and base.origin == "bootstrapped":
+        note = (f"# The original engine had no registry and built {requested} from Debian's archive "
+                "(scenario.yaml: resolved.base.recipe); with a registry, docker pulls it.")
+    return str(requested), note
+
+
+def _run_env(scenario: Mapping[str, Any], result: AnyResult) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for source in (scenario.get("env"), (scenario.get("resolved") or {}).get("vars")
+                   if isinstance(scenario.get("resolved"), dict) else None):
+        if isinstance(source, dict):
+            env.update({str(k): str(v) for k, v in source.items()})
+    if result.backend:
+        env["LAB_BACKEND"] = result.backend
+    if result.mode:
+        env["LAB_MODE"] = result.mode
+    return env
+
+
+def replay_instructions(bundle_name: str, result: AnyResult, *, scenario: Mapping[str, Any] | None = None,
+                        folder: str | None = None) -> str:
+    """The "How to replay" section that ends a bundle's report.md (markdown).
+
+    `result` is the run's result.json, `scenario` its scenario.yaml (for the script's environment,
+    GPU and limits), `folder` the bundle's top folder (default: the run folder named in result.json).
+    """
+    scenario = scenario or {}
+    folder = folder or PurePosixPath(result.run_dir).name or bundle_name.removesuffix(".tar.gz").removesuffix(".tgz")
+    platform = f"linux/{result.arch}"
+    base, note = _base(result, scenario)
+    run = ["docker", "run", "--rm", "--platform", platform]
+    if scenario.get("gpu") is True:
+        run += ["--gpus", "all"]
+    if scenario.get("network") is not True:
+        run += ["--network", "none"]
+    limits = scenario.get("limits")
+    if isinstance(limits, dict):
+        if limits.get("memory"):
+            run += ["--memory", str(limits["memory"])]
+        if limits.get("pids"):
+            run += ["--pids-limit", str(limits["pids"])]
+        if limits.get("cpus"):
+            run += ["--cpus", str(limits["cpus"])]
+    for key, value in sorted(_run_env(scenario, result).items()):
+        run += ["-e", f"{key}={value}"]
+    run += ["-e", "LD_DEBUG=libs,files", "repro"]
+    lines = [
+        REPLAY_HEADING, "",
+        "With the lab (install it as its README says), which checks the bundle, rebuilds the image for "
+        f"{platform} and tells whether the replay fails the same way:", "",
+        "```sh",
+        "pip install ./torch-repro-lab   # a checkout of the lab; its bin/setup also sets up Docker",
+        f"lab replay {shlex.quote(bundle_name)}", "```", "",
+        "With Docker alone:", "",
+        "```sh",
+        f"tar xzf {shlex.quote(bundle_name)}",
+        f"cd {shlex.quote(folder)}",
+        "# lab/ca.crt (the original host's CA bundle) is not in the bundle: use your own, or your proxy's",
+        "cp /etc/ssl/certs/ca-certificates.crt lab/ca.crt",
+    ]
+    if note:
+        lines.append(note)
+    lines += [f"docker build --platform {platform} --build-arg BASE={shlex.quote(base)} -t repro .",
+              shlex.join(run), "```", ""]
+    if isinstance(result, RunResult) and result.emulated:
+        lines += [f"On a host that is not {platform.split('/')[1]}, Docker emulates it with QEMU "
+                  "(binfmt_misc), as the original run did.", ""]
+    return "\n".join(lines)
+
+
