@@ -12,7 +12,7 @@ from lab.analyze.evidence import analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.build.hostpip import HostPip
 from lab.build.image import build_image
-from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build
+from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
 from lab.build.resolve import Case
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
@@ -82,7 +82,8 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     plan = plan or plan_build(case, host, events)
     started = datetime.now(timezone.utc)
     run_dir = run_dir or report.new_run_dir(runs_root, case, started)
-    report.write_inputs(run_dir, plan)
+    write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
+    report.write_scenario(run_dir, case, None)
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version,
                   host_arch=engine.arch.uname, emulated=emulated, started=started)

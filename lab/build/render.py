@@ -345,3 +345,31 @@ def plan_build(case: Case, host: HostPip, events: Events = no_events,
     files = context_files(case, dockerfile, host, site)
     return BuildPlan(case=case, dockerfile=dockerfile, files=files, digest=context_digest(files), site=site,
                      host_wheels=tuple(local_wheels(host, case.requirements, case.wheel_tags)))
+
+
+# What a run folder must not send to `docker build .`: the run's own records.
+_RUN_DOCKERIGNORE = "out\ndiagnose\n*.txt\n*.json\n*.md\n*.log\nscenario.yaml\n"
+
+
+def write_context_folder(folder: Path, plan: BuildPlan) -> None:
+    """The plan's build context as files, so that `docker build .` works in a run folder. Large
+    local wheels are listed, not copied; site/ (the venv tree the lab cross-installed on the host,
+    up to gigabytes) stays empty but for a README, so `docker build .` there installs the
+    requirements with pip inside the image. No credential of the host is written: lab/pip.conf is
+    the image's, without them, and the README's notes are redacted."""
+    from lab.core.scrub import redact_secrets
+    for f in plan.files:
+        if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):
+            continue
+        target = folder / f.arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if f.data is not None:
+            target.write_bytes(f.data)
+        elif not f.arcname.startswith("wheels/"):
+            target.write_bytes(f.source.read_bytes())  # type: ignore[union-attr]
+    (folder / SITE_DIR).mkdir(exist_ok=True)
+    (folder / SITE_DIR / "README.md").write_text(redact_secrets(site_readme(plan)))
+    if plan.host_wheels:
+        (folder / "wheels" / "FROM-HOST.txt").write_text(
+            "Copy these host wheels here before `docker build .`:\n" + "".join(f"{w}\n" for w in plan.host_wheels))
+    (folder / ".dockerignore").write_text(_RUN_DOCKERIGNORE + f"{SITE_DIR}/README.md\n")

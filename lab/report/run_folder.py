@@ -18,7 +18,6 @@ from lab import __version__
 from lab.analyze.dynamo import Diagnostics
 from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
-from lab.build.render import BuildPlan
 from lab.build.resolve import Case
 from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
 from lab.core.results import RESULT_NAME, BaseRef, EngineRef, ImageRef, RunEvidence, RunResult, UnfinishedRun
@@ -78,35 +77,6 @@ def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
 
 
 # The run folder doubles as a build context for `docker build .`; this keeps its outputs out.
-_RUN_DOCKERIGNORE = "out\ndiagnose\n*.txt\n*.json\n*.md\n*.log\nscenario.yaml\n"
-
-
-def write_inputs(run_dir: Path, plan: BuildPlan) -> None:
-    """What the run starts from, written before anything can fail: the build context and the
-    resolved scenario. Large local wheels are listed, not copied; site/ (the venv tree the lab
-    cross-installed on the host, up to gigabytes) stays empty but for a README, so `docker build .`
-    here installs the requirements with pip inside the image. No credential of the host is written:
-    lab/pip.conf is the image's, without them, and the README's notes are redacted."""
-    from lab.build.render import SITE_DIR, ContextTree, site_readme
-    from lab.core.scrub import redact_secrets
-    for f in plan.files:
-        if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):
-            continue
-        target = run_dir / f.arcname
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if f.data is not None:
-            target.write_bytes(f.data)
-        elif not f.arcname.startswith("wheels/"):
-            target.write_bytes(f.source.read_bytes())  # type: ignore[union-attr]
-    (run_dir / SITE_DIR).mkdir(exist_ok=True)
-    (run_dir / SITE_DIR / "README.md").write_text(redact_secrets(site_readme(plan)))
-    if plan.host_wheels:
-        (run_dir / "wheels" / "FROM-HOST.txt").write_text(
-            "Copy these host wheels here before `docker build .`:\n" + "".join(f"{w}\n" for w in plan.host_wheels))
-    (run_dir / ".dockerignore").write_text(_RUN_DOCKERIGNORE + f"{SITE_DIR}/README.md\n")
-    write_scenario(run_dir, plan.case, None)
-
-
 def write_scenario(run_dir: Path, case: Case, base: BaseImage | None) -> None:
     (run_dir / "scenario.yaml").write_text(
         yaml.safe_dump(resolved_scenario(case, base), sort_keys=False, allow_unicode=True))

@@ -15,11 +15,11 @@ from lab.build import image as build_module
 from lab.build.buildsecret import serve_once
 from lab.build.hostpip import HostPip
 from lab.build.image import PIP_CONF_URL_ARG, _pip_credentials, build_image
-from lab.build.render import image_pip_conf, plan_build
+from lab.build.render import image_pip_conf, plan_build, write_context_folder
 from lab.build.resolve import resolve
 from lab.core.errors import BuildError
 from lab.core.records import BaseImage
-from lab.report.run_folder import write_inputs
+from lab.report.run_folder import write_scenario
 from lab.scenario.schema import load_scenario
 from tests.conftest import SCENARIOS
 
@@ -73,7 +73,8 @@ def test_settings_without_credentials_give_todays_pip_conf():
 def test_the_run_folder_gets_the_pip_conf_without_credentials(tmp_path: Path):
     case = resolve(load_scenario("libgomp-amd64", SCENARIOS))
     plan = plan_build(case, CREDENTIALED, installer=None)
-    write_inputs(tmp_path, plan)
+    write_context_folder(tmp_path, plan)
+    write_scenario(tmp_path, plan.case, None)
     written = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert TOKEN.encode() not in written
     assert "https://mirror.example/simple" in (tmp_path / "lab" / "pip.conf").read_text()

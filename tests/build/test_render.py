@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from lab.build.hostpip import HostPip
-from lab.build.render import ContextTree, plan_build, render_dockerfile, write_context
+from lab.build.render import ContextTree, plan_build, render_dockerfile, write_context, write_context_folder
 from lab.build.resolve import resolve
-from lab.report.run_folder import write_inputs
+from lab.report.run_folder import write_scenario
 from lab.scenario.schema import load_scenario
 from tests.build.test_crossinstall import fake_installer
 from tests.conftest import SCENARIOS
@@ -130,7 +130,8 @@ def test_the_run_folder_gets_an_empty_site_with_a_readme(tmp_path: Path, cache):
     p = plan(case(torch="2.13.0", arch="amd64"), HostPip(find_links=(str(links),)), installer=fake_installer)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    write_inputs(run_dir, p)
+    write_context_folder(run_dir, p)
+    write_scenario(run_dir, p.case, None)
     assert sorted(x.name for x in (run_dir / "site").iterdir()) == ["README.md"]
     readme = (run_dir / "site" / "README.md").read_text()
     assert "installs everything" in readme and str(p.site.root) in readme and "fake==1.0" in readme
