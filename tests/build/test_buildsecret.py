@@ -93,7 +93,7 @@ class FakeEngine:
     def image_id(self, ref: str, arch=None) -> str | None:
         return None
 
-    def build(self, plan, base_ref, tag, buildargs, on_line, network_mode=None) -> str:
+    def build(self, write_context, arch, base_ref, tag, buildargs, on_line, network_mode=None) -> str:
         url = buildargs.get(PIP_CONF_URL_ARG)
         self.calls.append({"buildargs": dict(buildargs), "network_mode": network_mode,
                            "served": fetch(url).decode() if url else None})
