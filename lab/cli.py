@@ -340,8 +340,10 @@ def run(
     mode: Annotated[str | None, typer.Option(help="inductor mode, e.g. max-autotune (sets LAB_MODE).")] = None,
     ablate: Annotated[bool, typer.Option("--ablate", help="Run eager, aot_eager, inductor (and max-autotune "
                                          "where allowed) on one image and name the failing layer.")] = False,
-    diagnose: Annotated[bool, typer.Option(help="Collect explain, recompiles, compile times and "
-                                           "TORCH_TRACE in a second run.")] = True,
+    diagnose: Annotated[bool | None, typer.Option(
+        "--diagnose/--no-diagnose", help="Collect explain, recompiles, compile times and TORCH_TRACE in a "
+        "second run: always, or never. Default: only when the run raised a Dynamo or Inductor exception "
+        "or the scenario expects a graph-break count.", show_default=False)] = None,
     compile_debug: Annotated[bool, typer.Option("--compile-debug", help="Also run the diagnose step with "
                                                 "TORCH_COMPILE_DEBUG=1 (output in diagnose/compile_debug/).")] = False,
     select_k: Annotated[str | None, typer.Option("-k", help="Run only the matrix cells whose name matches, "

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
 from lab.analyze.dynamo import Diagnostics, load_diagnostics
-from lab.analyze.evidence import analyze, read_text
+from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.build.hostpip import HostPip
 from lab.build.image import build_image
 from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
 from lab.build.resolve import Case
+from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
-from lab.core.results import RunResult
+from lab.core.results import RunResult, StageTimes
 from lab.engine.docker_engine import Engine
 from lab.report import run_folder as report
 
@@ -24,6 +26,11 @@ LD_DEBUG = "libs,files"
 # Files the lab writes into diagnose/ itself: a diagnose run's /out may not bring them.
 DIAGNOSE_RESERVED = frozenset({"stdout.txt", "stderr.txt", "diagnostics.json", "diagnostics.json.tmp"})
 COLLECT_ENV_TIMEOUT_S = 900
+# An exception from these modules (or raised through their frames) means the compiler stack was
+# involved, so the diagnose step has something to say.
+COMPILE_STACK = ("torch._dynamo.", "torch._inductor.", "torch._functorch.", "torch._export.")
+COMPILE_FRAMES = ("/torch/_dynamo/", "/torch/_inductor/", "/torch/_functorch/")
+DIAGNOSE_HOW = "`lab run --diagnose` collects explain, recompiles, compile times and TORCH_TRACE"
 
 
 @dataclass(frozen=True)
@@ -69,13 +76,14 @@ def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
 
 
 def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
-             *, run_dir: Path | None = None, diagnose: bool = True, compile_debug: bool = False,
+             *, run_dir: Path | None = None, diagnose: bool | None = None, compile_debug: bool = False,
              allow_network: bool = False, collect_env: bool = True,
              plan: BuildPlan | None = None) -> RunOutcome:
     """Build (or reuse) the image, run the script, diagnose it, judge it and write the run folder.
 
     The diagnose step is a second container of the same image; the scenario's own run stays
-    unchanged. It runs when asked, and always when an expectation needs it (graph_breaks).
+    unchanged. `diagnose=None` (the default) runs it only when the run calls for it: an exception
+    from the compiler stack, or an expectation that needs it (graph_breaks); True always, False never.
     """
     check_gpu(case, engine)
     limits = run_limits(case, allow_network)
@@ -87,30 +95,39 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version,
                   host_arch=engine.arch.uname, emulated=emulated, started=started)
+    clock = _Clock()
     try:
         try:
-            image = build_image(plan, engine, host, events, run_dir / "build.log")
+            with clock("build"):
+                image = build_image(plan, engine, host, events, run_dir / "build.log")
         except BuildError as err:
             judgement = build_failed(err.message)
-            rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None, **record)
+            rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None,
+                                   timings=clock.times(), **record)
             return RunOutcome(run_dir, report.write_results(rec), judgement)
         report.write_scenario(run_dir, case, image.base)
         _save_freeze(engine, image.tag, run_dir)
-        raw = _run_script(case, engine, image.tag, run_dir, events, limits)
+        with clock("run"):
+            raw = _run_script(case, engine, image.tag, run_dir, events, limits)
+        with clock("analyze"):
+            evidence = analyze(raw)
         diagnostics = None
-        wanted = diagnose or compile_debug or case.scenario.expect.graph_breaks is not None
-        if wanted and not raw.timed_out:  # a hung script would only hang a second time
-            diagnostics = _diagnose(case, engine, image.tag, run_dir, events, limits, compile_debug)
-        if collect_env:
-            events("collect_env", "python -m torch.utils.collect_env")
-            collected = _collect_env(engine, image.tag, case)
+        run_it, why = diagnose_decision(diagnose, compile_debug, case, evidence)
+        if run_it:
+            with clock("diagnose"):
+                diagnostics = _diagnose(case, engine, image.tag, run_dir, events, limits, compile_debug)
         else:
-            collected = None
-        evidence = analyze(raw)
+            events("diagnose", f"not run: {why}")
+        collected = None
+        if collect_env:
+            with clock("collect_env"):
+                collected = _collect_env(engine, image, case, events)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
                           read_text(raw.stderr_path), diagnostics)
         rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.base,
-                               collect_env=collected, diagnostics=diagnostics, **record)
+                               collect_env=collected, diagnostics=diagnostics,
+                               diagnose=("ran: " if run_it else "not run: ") + why,
+                               timings=clock.times(), **record)
         return RunOutcome(run_dir, report.write_results(rec), judgement)
     except KeyboardInterrupt:
         report.mark_unfinished(run_dir, case, "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)")
@@ -118,6 +135,55 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     except LabError as exc:
         report.mark_unfinished(run_dir, case, "failed", str(exc))
         raise
+
+
+class _Clock:
+    """Wall time of each stage of one run, for result.json's `timings`."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.spent: dict[str, float] = {}
+
+    def __call__(self, stage: str) -> _Clock:
+        self._stage = stage
+        return self
+
+    def __enter__(self) -> None:
+        self._t0 = time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        self.spent[self._stage] = self.spent.get(self._stage, 0.0) + time.monotonic() - self._t0
+
+    def times(self) -> StageTimes:
+        return StageTimes(**{f"{k}_s": round(v, 2) for k, v in self.spent.items()},
+                          total_s=round(time.monotonic() - self.start, 2))
+
+
+def compile_exception(evidence: Evidence):
+    """The first exception that came from (or through) Dynamo, AOTAutograd or Inductor, or None."""
+    for exc in evidence.exceptions:
+        if (exc.type.startswith(COMPILE_STACK) or exc.graph_break is not None
+                or any(part in frame for frame in exc.frames for part in COMPILE_FRAMES)):
+            return exc
+    return None
+
+
+def diagnose_decision(asked: bool | None, compile_debug: bool, case: Case, evidence: Evidence) -> tuple[bool, str]:
+    """Whether the diagnose step runs, and why (the words go into result.json and report.md)."""
+    if evidence.timed_out:
+        return False, "the script timed out, and a second run would hang too"
+    if asked is False and case.scenario.expect.graph_breaks is None:
+        return False, "`--no-diagnose`"
+    if asked:
+        return True, "asked for (`--diagnose`)"
+    if compile_debug:
+        return True, "asked for (`--compile-debug`)"
+    if case.scenario.expect.graph_breaks is not None:
+        return True, "the scenario expects a graph-break count, which only the diagnose step counts"
+    exc = compile_exception(evidence)
+    if exc is not None:
+        return True, f"the run raised {exc.name} in the compiler stack"
+    return False, f"skipped by default (no Dynamo or Inductor exception, no graph-break expectation); {DIAGNOSE_HOW}"
 
 
 def _command(case: Case, through_runner: bool) -> list[str]:
@@ -172,11 +238,28 @@ def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Event
     return replace(diagnostics, notes=(*diagnostics.notes, *notes)) if notes else diagnostics
 
 
-def _collect_env(engine: Engine, tag: str, case: Case) -> str:
-    code, output = engine.output_of(tag, ["python", "-m", "torch.utils.collect_env"], case.arch,
+def _collect_env(engine: Engine, image, case: Case, events: Events) -> str:
+    """`python -m torch.utils.collect_env` in the image. Its answer depends only on the image and the
+    engine's host, so it is kept per (engine, image ID): a warm run of a cached image reads it back."""
+    key = f"{engine.engine_id}-{image.image_id}".replace(":", "_").replace("/", "_")
+    cached = cache_dir("collect_env") / f"{key}.txt"
+    try:
+        text = cached.read_text()
+        events("collect_env", "python -m torch.utils.collect_env: kept from an earlier run of this image")
+        return text
+    except OSError:
+        pass
+    events("collect_env", "python -m torch.utils.collect_env")
+    code, output = engine.output_of(image.tag, ["python", "-m", "torch.utils.collect_env"], case.arch,
                                     COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name})
     if code != 0:
         return f"Could not collect (exit {code}):\n{output}"
+    try:
+        tmp = cached.with_suffix(f".{time.monotonic_ns()}.tmp")
+        tmp.write_text(output)
+        tmp.replace(cached)
+    except OSError:
+        pass  # a cache that cannot be written costs time, never the run
     return output
 
 

@@ -197,6 +197,17 @@ class CaptureDetail(Record):
     out: OutputCopyDetail | None = None
 
 
+class StageTimes(Record):
+    """Wall seconds of each stage of one run (a stage that did not happen is absent)."""
+
+    build_s: float | None = None
+    run_s: float | None = None
+    analyze_s: float | None = None
+    diagnose_s: float | None = None
+    collect_env_s: float | None = None
+    total_s: float
+
+
 class EngineRef(Record):
     version: str
     host_arch: str
@@ -224,6 +235,8 @@ class RunResult(Document):
     killed: str | None
     limits: str | None
     capture: CaptureDetail | None = None
+    diagnose: str | None = None         # whether the diagnose step ran, and why
+    timings: StageTimes | None = None
     checks: tuple[Check, ...]
     image: ImageRef | None
     base: BaseRef | None

@@ -105,6 +105,11 @@ class Engine:
     def version(self) -> str:
         return str(self.info().get("ServerVersion", "unknown"))
 
+    @property
+    def engine_id(self) -> str:
+        """The engine's own ID (stable across restarts): keys what the lab caches per engine."""
+        return str(self.info().get("ID") or self.info().get("Name") or "unknown")
+
     def has_gpu_runtime(self) -> bool:
         return "nvidia" in (self.info().get("Runtimes") or {})
 

@@ -20,7 +20,16 @@ from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
 from lab.build.resolve import Case
 from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
-from lab.core.results import RESULT_NAME, BaseRef, EngineRef, ImageRef, RunEvidence, RunResult, UnfinishedRun
+from lab.core.results import (
+    RESULT_NAME,
+    BaseRef,
+    EngineRef,
+    ImageRef,
+    RunEvidence,
+    RunResult,
+    StageTimes,
+    UnfinishedRun,
+)
 
 _LOG_TAIL_LINES = 200
 
@@ -41,6 +50,8 @@ class RunRecord:
     started: datetime
     collect_env: str | None = None
     diagnostics: Diagnostics | None = None
+    diagnose: str | None = None        # why the diagnose step ran or did not
+    timings: StageTimes | None = None
 
 
 def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:
@@ -104,6 +115,8 @@ def run_result(rec: RunRecord) -> RunResult:
         killed=_killed(ev),
         limits=None if ev is None or ev.limits is None else ev.limits.describe(),
         capture=ev.capture() if ev else None,
+        diagnose=rec.diagnose,
+        timings=rec.timings,
         checks=rec.judgement.checks,
         image=None if rec.image is None else ImageRef(tag=rec.image.tag, id=rec.image.image_id,
                                                       cached=rec.image.cached),
@@ -251,7 +264,8 @@ def report_view(rec: RunRecord) -> ReportView:
         checks=tuple(CheckRow(c.key, _cell(c.expected), _cell(c.observed), c.held) for c in j.checks),
         diagnostics=None if d is None else DiagnosticsView(tuple(d.plain_words()), tuple(d.trace_files)),
         not_collected=("no run" if ev is None else
-                       "the run timed out, and a second run would hang too" if ev.timed_out else "`--no-diagnose`"),
+                       "the run timed out, and a second run would hang too" if ev.timed_out else
+                       (rec.diagnose or "not run: `--no-diagnose`").removeprefix("not run: ")),
         ablatable=s.ablation.via != "none", backend=case.backend or "as the script chooses", mode=case.mode,
         scenario_ref=scenario_ref(case),
         script_name=s.script.name, args=_args(case), script=s.script.read_text(errors="replace").rstrip(),

@@ -1,0 +1,89 @@
+"""When the diagnose step runs by default (lab.pipeline.diagnose_decision), judged on real stderr."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lab.analyze.evidence import Evidence
+from lab.analyze.tracebacks import extract_exceptions
+from lab.build.resolve import resolve
+from lab.core.arch import Arch
+from lab.pipeline import compile_exception, diagnose_decision
+from lab.scenario.schema import load_scenario
+
+DATA = Path(__file__).parent / "data" / "tracebacks"
+SCENARIOS = Path(__file__).parent.parent / "scenarios"
+
+
+def evidence(stderr_file: str | None, timed_out: bool = False) -> Evidence:
+    text = (DATA / stderr_file).read_text() if stderr_file else ""
+    return Evidence(exit_code=1 if text else 0, timed_out=timed_out, oom_killed=False, duration_s=1.0,
+                    emulated=False, processes=1, duplicate_runtimes=(),
+                    exceptions=tuple(extract_exceptions(text)), emulator_crash=None)
+
+
+def case(name: str = "libgomp-amd64"):
+    return resolve(load_scenario(SCENARIOS / f"{name}.yaml"), arch=Arch.AMD64)
+
+
+@pytest.mark.parametrize("stderr_file", ["dlpack-torch2.13-cpu.stderr", "dlpack-torch2.9.0-arm64.stderr",
+                                         "graph-break-data-dependent-if-torch2.13.stderr"])
+def test_a_compiler_stack_exception_runs_diagnose_by_default(stderr_file):
+    run, why = diagnose_decision(None, False, case(), evidence(stderr_file))
+    assert run and "compiler stack" in why
+    assert compile_exception(evidence(stderr_file)) is not None
+
+
+@pytest.mark.parametrize("stderr_file", [None, "warnings-then-matmul-error-torch2.13.stderr",
+                                         "syntax-error-script-py3.11.stderr", "keyboard-interrupt-py3.11.stderr"])
+def test_a_clean_run_or_an_eager_error_skips_diagnose_and_says_how_to_get_it(stderr_file):
+    run, why = diagnose_decision(None, False, case(), evidence(stderr_file))
+    assert not run and "skipped by default" in why and "lab run --diagnose" in why
+
+
+def test_asking_always_runs_and_no_diagnose_never_unless_an_expectation_needs_it():
+    clean = evidence(None)
+    assert diagnose_decision(True, False, case(), clean) == (True, "asked for (`--diagnose`)")
+    assert diagnose_decision(None, True, case(), clean)[0]  # --compile-debug needs the diagnose run
+    assert diagnose_decision(False, False, case(), evidence("dlpack-torch2.13-cpu.stderr")) == \
+        (False, "`--no-diagnose`")
+    counting = case("graph-break-explain")
+    assert counting.scenario.expect.graph_breaks is not None
+    run, why = diagnose_decision(False, False, counting, clean)
+    assert run and "graph-break count" in why
+
+
+def test_a_timed_out_run_is_never_diagnosed():
+    run, why = diagnose_decision(True, True, case(), replace(evidence(None), timed_out=True))
+    assert not run and "timed out" in why
+
+
+class _Engine:
+    engine_id = "ENGINE:ID"
+
+    def __init__(self):
+        self.calls = 0
+
+    def output_of(self, tag, command, arch, timeout, labels):
+        self.calls += 1
+        return 0, "PyTorch version: 2.13.0+cpu\n"
+
+
+def test_collect_env_is_asked_once_per_engine_and_image(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from lab import pipeline
+
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    engine, image = _Engine(), SimpleNamespace(tag="t", image_id="sha256:abc")
+    seen = []
+    first = pipeline._collect_env(engine, image, case(), lambda stage, text: seen.append(text))
+    again = pipeline._collect_env(engine, image, case(), lambda stage, text: seen.append(text))
+    assert first == again == "PyTorch version: 2.13.0+cpu\n" and engine.calls == 1
+    assert "kept from an earlier run" in seen[-1]
+    other = SimpleNamespace(tag="t", image_id="sha256:def")
+    pipeline._collect_env(engine, other, case(), lambda *a: None)
+    assert engine.calls == 2
