@@ -98,9 +98,9 @@ def label_value(text: str, key: str) -> str:
 def pip_args(text: str) -> list[str]:
     """The words `pip install` gets, as the shell splits its line of the pip step (which ends in the
     continuation; the step's next line starts with `&& pip freeze`)."""
-    (line,) = [ln for ln in text.split("\n") if ln.startswith(" && pip install ")]
+    (line,) = [ln.lstrip() for ln in text.split("\n") if ln.lstrip().startswith("&& pip install ")]
     assert line.endswith(" \\"), line
-    return shlex.split(line.removeprefix(" && pip install ").removesuffix(" \\"))
+    return shlex.split(line.removeprefix("&& pip install ").removesuffix(" \\"))
 
 
 def arg_value(text: str) -> str:
@@ -129,7 +129,8 @@ HONEST = render_dockerfile(honest_case())
 def test_the_reader_sees_the_templates_instructions():
     starts = [line for line in HONEST.splitlines() if re.match(r"[A-Z]+ ", line)]
     assert keywords(HONEST) == [line.split()[0] for line in starts]
-    assert keywords(HONEST)[:2] == ["ARG", "FROM"] and keywords(HONEST)[-1] == "CMD"
+    # BASE and SITE (the cross-installed packages' image), then their two stages
+    assert keywords(HONEST)[:4] == ["ARG", "ARG", "FROM", "FROM"] and keywords(HONEST)[-1] == "CMD"
     assert arg_value(HONEST) == "debian:bookworm"
     assert label_value(HONEST, "org.torch-repro-lab.torch") == "2.13.0+cpu"
     assert pip_args(HONEST) == ["torch==2.13.0+cpu", "numpy"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import email.parser
 import hashlib
 import io
 import json
@@ -49,10 +50,14 @@ from lab.core.config import current as current_settings
 from lab.core.errors import LabError
 from lab.core.records import Events, no_events
 
-CROSS_INSTALL_VERSION = 2       # part of every cache key: bump it when the tree's layout changes
+CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
 VENV_IN_IMAGE = "/opt/venv"
 PYTHON_IN_IMAGE = VENV_IN_IMAGE + "/bin/python"
 LOCK_FILE = ".lab-lock.txt"     # inside the tree: it goes into the image as /opt/venv/.lab-lock.txt
+# Inside the tree only when it holds everything the case needs: pip freeze, written on the host.
+# The Dockerfile then runs no pip at all (under QEMU even "already satisfied" takes seconds).
+FREEZE_FILE = ".lab-freeze.txt"
+FREEZE_SKIPS = frozenset({"pip", "setuptools", "wheel", "distribute"})  # what pip freeze leaves out
 LOCK_WAIT_S = 3 * 3600          # another process may be downloading 5 GB of CUDA wheels
 UV_TIMEOUT_S = 3 * 3600
 SOURCE_DATE_EPOCH = "315532800"  # set => py_compile writes checked-hash .pyc (valid whatever the mtime)
@@ -313,7 +318,45 @@ def finish_tree(prefix: Path, job: InstallJob, installed: Installed) -> str:
     fix_scripts(prefix, PYTHON_IN_IMAGE)
     text = lock_text(job, installed)
     (prefix / LOCK_FILE).write_text(text)
+    if not installed.pending and not seeded_needs(prefix, job.target):
+        (prefix / FREEZE_FILE).write_text(freeze_text(prefix))
     return text
+
+
+def _dists(prefix: Path) -> Iterator[tuple[str, str, list[str]]]:
+    """(name, version, Requires-Dist lines) of every distribution installed in the tree."""
+    for meta in sorted(prefix.glob("lib/python*/site-packages/*.dist-info/METADATA")):
+        headers = email.parser.BytesHeaderParser().parsebytes(meta.read_bytes())
+        if headers.get("Name") and headers.get("Version"):
+            yield headers["Name"], headers["Version"], headers.get_all("Requires-Dist") or []
+
+
+def seeded_needs(prefix: Path, target: Target) -> list[str]:
+    """The requirements on pip or setuptools (which the image's venv seeds itself, see
+    SEEDED_BY_VENV) that some installed distribution has on the target: then pip in the image
+    must check or upgrade the venv's copy, so the tree cannot be called complete."""
+    env = {"python_version": target.python, "python_full_version": f"{target.python}.0",
+           "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+           "platform_machine": target.machine, "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "extra": ""}
+    found = []
+    for name, _, requires in _dists(prefix):
+        for line in requires:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                found.append(f"{name}: {line}")  # unreadable: let pip judge it
+                continue
+            if canonicalize_name(req.name) in SEEDED_BY_VENV and (req.marker is None or req.marker.evaluate(env)):
+                found.append(f"{name}: {line}")
+    return found
+
+
+def freeze_text(prefix: Path) -> str:
+    """What `pip freeze` prints for the tree: `Name==Version`, sorted by name as pip sorts."""
+    lines = sorted((f"{name}=={version}" for name, version, _ in _dists(prefix)
+                    if canonicalize_name(name) not in FREEZE_SKIPS), key=str.lower)
+    return "".join(f"{line}\n" for line in lines)
 
 
 def lock_text(job: InstallJob, installed: Installed) -> str:

@@ -21,7 +21,16 @@ from lab.build import releases
 from lab.build.base import ensure_base
 from lab.build.buildsecret import serve_once
 from lab.build.hostpip import HostPip
-from lab.build.render import IMAGE_REPO, BuildPlan, image_pip_conf, render_dockerfile, write_context
+from lab.build.render import (
+    IMAGE_REPO,
+    SITE_DIR,
+    BuildPlan,
+    ContextTree,
+    image_pip_conf,
+    render_dockerfile,
+    write_context,
+    write_site_context,
+)
 from lab.build.resolve import Case
 from lab.core.errors import BuildError
 from lab.core.records import BuiltImage, Events, no_events
@@ -102,9 +111,11 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
         events("build", line)
 
     try:
+        site_args = _ensure_site_image(plan, engine, base.ref, events, on_line)
         with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
             image_id = engine.build(partial(write_context, plan.files), case.arch, base.ref, tag,
-                                    {**dict(host.proxies), **extra_args}, on_line, network_mode=network_mode)
+                                    {**dict(host.proxies), **site_args, **extra_args}, on_line,
+                                    network_mode=network_mode)
     except BuildError as exc:
         raise BuildError(redact_secrets(exc.message), log=redact_secrets(exc.log),
                          hint=redact_secrets(exc.hint) if exc.hint else None) from None
@@ -112,6 +123,21 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
         if log_path:
             log_path.write_text(redact_secrets("\n".join(lines) + "\n"))
     return BuiltImage(tag, image_id, base, cached=False, build_seconds=time.monotonic() - started)
+
+
+def _ensure_site_image(plan: BuildPlan, engine: Engine, base_ref: str, events: Events,
+                       on_line) -> dict[str, str]:
+    """The build arg SITE: the image of the cross-installed tree, built once per tree (its tag
+    is the tree's digest), so the case's own context stays small. {} when nothing was."""
+    ref = plan.site_image
+    if ref is None:
+        return {}
+    if engine.image_id(ref, plan.case.arch) is None:
+        tree = next(f for f in plan.files if isinstance(f, ContextTree) and f.arcname == SITE_DIR)
+        events("build", f"making {ref}: the venv's packages from the host ({tree.size() / 1e6:.0f} MB), "
+                        "once for every image that uses them")
+        engine.build(partial(write_site_context, tree), plan.case.arch, base_ref, ref, {}, on_line)
+    return {"SITE": ref}
 
 
 @contextlib.contextmanager

@@ -2,9 +2,11 @@
 
 The Dockerfile depends only on the case, never on the host, so `lab render` prints
 the same bytes everywhere. Host specifics (CA bundle, pip settings, local wheels, and the
-venv tree cross-installed on the host, `site/`) travel as context files; the plan's digest
-covers them, so a change rebuilds. The site tree can be gigabytes: its digest is computed once,
-when its cache entry is made (lab.crossinstall), and only mixed in here.
+venv tree cross-installed on the host, `site/`) are covered by the plan's digest, so a change
+rebuilds. The site tree can be gigabytes: its digest is computed once, when its cache entry is
+made (lab.crossinstall), and only mixed in here. It does not travel in the case's context: it
+becomes an image of its own, `torch-repro-lab/site:<digest>-<arch>` (built once per package set,
+`write_site_context`), which the Dockerfile copies from (`COPY --from=site`).
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
 CA_IN_IMAGE = "/etc/lab/ca.crt"
 WHEELS_IN_IMAGE = "/lab/wheels"
 IMAGE_REPO = "torch-repro-lab/case"
+SITE_IMAGE_REPO = "torch-repro-lab/site"  # one image per cross-installed tree, FROM scratch
+SITE_DOCKERFILE = b"FROM scratch\nCOPY site/ /\n"
 RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
 WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
 SITE_DIR = "site"
-CONTEXT_FORMAT = 2  # part of the plan digest: bump when the context's layout changes
+CONTEXT_FORMAT = 3  # part of the plan digest: bump when the context's layout changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,13 @@ class BuildPlan:
     @property
     def tag(self) -> str:
         return f"{IMAGE_REPO}:{self.case.scenario.name}-{self.digest[:16]}"
+
+    @property
+    def site_image(self) -> str | None:
+        """The image that holds the cross-installed tree (build arg SITE), or None: nothing was."""
+        if self.site is None or self.site.root is None:
+            return None
+        return f"{SITE_IMAGE_REPO}:{self.site.digest[:24]}-{self.case.arch.value}"
 
     def context_size(self) -> int:
         return sum(f.size() for f in self.files)
@@ -240,18 +251,20 @@ def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None 
 
 
 def site_readme(plan: BuildPlan) -> str:
-    """site/README.md of a run folder, where the lab leaves site/ empty."""
+    """site/README.md of a run folder: where the venv's packages came from, and how to use them."""
     site, case = plan.site, plan.case
     lines = ["# site/: the venv's packages, installed on the host", "",
-             f"The Dockerfile copies this folder into {VENV_IN_IMAGE} before its `pip install`.",
-             "The lab fills it from the host: it cross-installs the case's requirements",
-             f"({' '.join(case.requirements)}) with uv for the image's platform and Python, so that pip",
-             "in the image finds them satisfied and nothing heavy runs under emulation.", "",
-             "Here it is left empty (it can be gigabytes). Then `docker build .` installs everything",
-             "with pip inside the image: the same requirements, only slower under QEMU.", ""]
+             "The lab cross-installs the case's requirements",
+             f"({' '.join(case.requirements)}) with uv on the host, for the image's platform and Python,",
+             "into a tree laid out like the image's venv, and makes it an image of its own (FROM scratch).",
+             f"The Dockerfile copies that image into {VENV_IN_IMAGE} (`COPY --from=site`), so nothing",
+             "heavy runs under emulation.", "",
+             "A plain `docker build .` here leaves the build arg SITE at scratch: then pip installs",
+             "everything inside the image, the same requirements, only slower under QEMU.", ""]
     if site is not None and site.root is not None:
-        lines += ["For this run the lab used the tree below; to build with it, copy it here",
-                  f"(`cp -a {site.root}/. {SITE_DIR}/`) and delete this README.", "",
+        lines += [f"For this run the lab used {plan.site_image}. To build with the tree below:",
+                  f"`tar -C {site.root} -c . | docker import --platform {case.arch.platform} - my-site`,",
+                  "then `docker build --build-arg SITE=my-site .`.", "",
                   "```", site.lock_text.rstrip(), "```"]
     else:
         lines += [f"For this run nothing was cross-installed: {'; '.join(plan.notes) or 'no reason given'}."]
@@ -305,9 +318,21 @@ def _info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> t
     return info
 
 
-def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
+def write_site_context(tree: ContextTree, out: BinaryIO) -> str:
+    """The context of a site image: a Dockerfile FROM scratch and the tree as `site/`."""
+    hasher = _HashingWriter(out)
+    with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_info("Dockerfile", tarfile.REGTYPE, 0o644, len(SITE_DOCKERFILE)), io.BytesIO(SITE_DOCKERFILE))
+        _add_tree(tar, tree, with_content=True)
+    return hasher.hexdigest()
+
+
+def _add_tree(tar: tarfile.TarFile, tree: ContextTree, with_content: bool = False) -> None:
+    """The tree's folder, and with `with_content` everything in it. A case's context has the
+    folder only (an old Dockerfile's `COPY site/` then finds it empty); the content goes into the
+    site image."""
     tar.addfile(_info(tree.arcname, tarfile.DIRTYPE, 0o755))
-    if tree.root is None:
+    if tree.root is None or not with_content:
         return
     for e in walk_tree(tree.root):
         name = f"{tree.arcname}/{e.path}"

@@ -16,10 +16,13 @@ from lab.build.crossinstall import (
     InstallJob,
     Locked,
     Pending,
+    Target,
     ensure_site,
     fix_scripts,
+    freeze_text,
     prepare_site,
     reshebang,
+    seeded_needs,
     site_key,
     target_for,
     tree_digest,
@@ -280,3 +283,38 @@ def test_real_uv_cross_installs_small_packages_for_aarch64(cache: Path, tmp_path
     assert (cache / "uv").is_dir()
     again = ensure_site(j, crossinstall.install_with_uv)
     assert again.cached and again.digest == site.digest
+
+
+def _dist(prefix: Path, name: str, version: str, *requires: str) -> None:
+    info = prefix / "lib" / "python3.11" / "site-packages" / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    info.joinpath("METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                         + "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+
+ARM = Target("arm64", "aarch64", "3.11", (2, 36))
+
+
+def test_freeze_text_is_what_pip_freeze_prints(tmp_path):
+    _dist(tmp_path, "torch", "2.5.1", "filelock", 'setuptools; python_version >= "3.12"')
+    _dist(tmp_path, "Jinja2", "3.1.6", "MarkupSafe>=2.0")
+    _dist(tmp_path, "filelock", "3.16.1")
+    _dist(tmp_path, "wheel", "0.45.0")  # pip freeze leaves pip, setuptools, wheel out
+    assert freeze_text(tmp_path) == "filelock==3.16.1\nJinja2==3.1.6\ntorch==2.5.1\n"
+
+
+def test_a_tree_is_complete_unless_a_package_needs_the_venvs_own_setuptools_or_pip(tmp_path):
+    _dist(tmp_path, "torch", "2.5.1", "filelock", 'setuptools; python_version >= "3.12"', "sympy; extra == 'opt'")
+    assert seeded_needs(tmp_path, ARM) == []  # the marker is false for cp311
+    assert seeded_needs(tmp_path, Target("arm64", "aarch64", "3.12", (2, 36))) == \
+        ['torch: setuptools; python_version >= "3.12"']
+    _dist(tmp_path, "newer", "1.0", "setuptools>=77")
+    assert seeded_needs(tmp_path, ARM) == ["newer: setuptools>=77"]
+
+
+def test_a_complete_tree_carries_its_freeze_and_one_with_pending_requirements_does_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "cache"))
+    complete = ensure_site(job(("torch==2.5.1",)), fake_installer)
+    assert (complete.root / ".lab-freeze.txt").read_text() == "fake==1.0\n"
+    partial = ensure_site(job(("torch==2.5.1", "sdist-only==1")), fake_installer)
+    assert partial.pending and not (partial.root / ".lab-freeze.txt").exists()

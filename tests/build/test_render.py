@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 
 from lab.build.hostpip import HostPip
-from lab.build.render import ContextTree, plan_build, render_dockerfile, write_context, write_context_folder
+from lab.build.render import (
+    ContextTree,
+    plan_build,
+    render_dockerfile,
+    write_context,
+    write_context_folder,
+    write_site_context,
+)
 from lab.build.resolve import resolve
 from lab.report.run_folder import write_scenario
 from lab.scenario.schema import load_scenario
@@ -78,10 +85,22 @@ def test_context_tar_is_byte_stable_and_sorted(cache):
         assert {m.uid for m in tar.getmembers()} == {0} and {m.mtime for m in tar.getmembers()} == {0}
         members = {m.name: m for m in tar.getmembers()}
     assert "repro/libgomp_aarch64.py" in names and "Dockerfile" in names
-    # the site tree is streamed file by file: the script keeps its executable bit
-    assert members["site"].isdir() and members["site/bin/fake"].mode == 0o755
+    # the site tree does not travel with the case: it is an image of its own (build arg SITE)
+    assert members["site"].isdir() and not [n for n in names if n.startswith("site/")]
+    assert p.site_image == f"torch-repro-lab/site:{p.site.digest[:24]}-arm64"
+
+
+def test_the_site_image_context_streams_the_tree_file_by_file(cache):
+    (tree,) = [f for f in plan(installer=fake_installer).files if isinstance(f, ContextTree)]
+    first, second = io.BytesIO(), io.BytesIO()
+    assert write_site_context(tree, first) == write_site_context(tree, second)
+    with tarfile.open(fileobj=io.BytesIO(first.getvalue())) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        dockerfile = tar.extractfile("Dockerfile").read()
+    assert dockerfile == b"FROM scratch\nCOPY site/ /\n"
+    assert members["site"].isdir() and members["site/bin/fake"].mode == 0o755  # keeps its executable bit
     assert members["site/lib/python3.11/site-packages/fake/__init__.py"].mode == 0o644
-    assert "site/.lab-lock.txt" in names
+    assert "site/.lab-lock.txt" in members and {m.uid for m in members.values()} == {0}
 
 
 def test_an_empty_site_is_still_a_folder_in_the_context():
@@ -134,7 +153,8 @@ def test_the_run_folder_gets_an_empty_site_with_a_readme(tmp_path: Path, cache):
     write_scenario(run_dir, p.case, None)
     assert sorted(x.name for x in (run_dir / "site").iterdir()) == ["README.md"]
     readme = (run_dir / "site" / "README.md").read_text()
-    assert "installs everything" in readme and str(p.site.root) in readme and "fake==1.0" in readme
+    assert "pip installs" in readme and str(p.site.root) in readme and "fake==1.0" in readme
+    assert "--build-arg SITE=" in readme and "docker import" in readme
     assert "site/README.md" in (run_dir / ".dockerignore").read_text().splitlines()
     assert str(wheel) in (run_dir / "wheels" / "FROM-HOST.txt").read_text()
     assert (run_dir / "Dockerfile").read_text() == p.dockerfile
@@ -142,9 +162,12 @@ def test_the_run_folder_gets_an_empty_site_with_a_readme(tmp_path: Path, cache):
 
 def test_the_site_is_copied_into_the_venv_before_pip_checks_it():
     text = render_dockerfile(case())
-    assert text.index("RUN python3 -m venv /opt/venv") < text.index("COPY site/ /opt/venv/")
-    assert text.index("COPY site/ /opt/venv/") < text.index("pip install torch==2.5.1")
-    assert "With site/ empty" in text and "installs everything in the image" in text
+    assert text.index("ARG SITE=scratch") < text.index("FROM ${SITE} AS site") < text.index("FROM ${BASE}")
+    assert text.index("RUN python3 -m venv /opt/venv") < text.index("COPY --from=site / /opt/venv/")
+    assert text.index("COPY --from=site / /opt/venv/") < text.index("pip install torch==2.5.1")
+    # a complete tree skips pip entirely; else pip installs what is left, or everything
+    assert text.index("if [ -f /opt/venv/.lab-freeze.txt ]") < text.index("pip install torch==2.5.1")
+    assert "With SITE left at scratch" in text and "installs everything in" in text
     assert "/root" not in text and "cache" not in text  # nothing of the host
 
 
