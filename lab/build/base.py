@@ -6,6 +6,8 @@ Bootstrapped bases are tagged `torch-repro-lab/debian:<suite>-<arch>` and reused
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
 import shlex
 import shutil
@@ -33,27 +35,35 @@ def debian_suite(base: str) -> str | None:
     return _SUITES.get(suite, suite)
 
 
-def bootstrap_tag(suite: str, arch: Arch) -> str:
-    return f"{BOOTSTRAP_REPO}:{suite}-{arch.value}"
+def bootstrap_tag(suite: str, arch: Arch, packages: tuple[str, ...] = ()) -> str:
+    """`torch-repro-lab/debian:bookworm-arm64`, or with packages `...-arm64-<12 hex of the set>`."""
+    tag = f"{BOOTSTRAP_REPO}:{suite}-{arch.value}"
+    if packages:
+        tag += "-" + hashlib.sha256(",".join(sorted(set(packages))).encode()).hexdigest()[:12]
+    return tag
 
 
-def bootstrap_command(suite: str, arch: Arch, target: Path) -> list[str]:
-    """minbase is what the official debian images are made of."""
+def bootstrap_command(suite: str, arch: Arch, target: Path, packages: tuple[str, ...] = ()) -> list[str]:
+    """minbase is what the official debian images are made of; `packages` are added to it."""
+    include = [f"--include={','.join(sorted(set(packages)))}"] if packages else []
     return ["mmdebstrap", "--variant=minbase", f"--architectures={arch.value}", "--mode=root",
-            "--aptopt=Acquire::Retries=3", suite, str(target), current_settings().debian_mirror]
+            "--aptopt=Acquire::Retries=3", *include, suite, str(target), current_settings().debian_mirror]
 
 
-def ensure_base(engine, base: str, arch: Arch, events: Events) -> BaseImage:
-    """Return a base image for `arch` that the engine holds, pulling or bootstrapping it if needed."""
+def ensure_base(engine, base: str, arch: Arch, events: Events, packages: tuple[str, ...] = ()) -> BaseImage:
+    """Return a base image for `arch` that the engine holds, pulling or bootstrapping it if needed.
+    A bootstrapped base includes `packages` (the case's system packages) when it can."""
+    packages = tuple(sorted(set(packages)))
     image_id = engine.image_id(base, arch)
     if image_id:
         return BaseImage(base, base, image_id, "local")
     suite = debian_suite(base)
     if suite:
-        tag = bootstrap_tag(suite, arch)
-        image_id = engine.image_id(tag, arch)
-        if image_id:
-            return BaseImage(base, tag, image_id, "bootstrapped", _recipe(suite, arch))
+        for pkgs in ((packages, ()) if packages else ((),)):
+            tag = bootstrap_tag(suite, arch, pkgs)
+            image_id = engine.image_id(tag, arch)
+            if image_id and (pkgs == packages or _failed_before(bootstrap_tag(suite, arch, packages))):
+                return BaseImage(base, tag, image_id, "bootstrapped", _recipe(suite, arch, pkgs))
     events("base", f"pulling {base} for {arch.platform}")
     image_id = engine.pull(base, arch)
     if image_id:
@@ -63,32 +73,59 @@ def ensure_base(engine, base: str, arch: Arch, events: Events) -> BaseImage:
             f"the base image {base} for {arch.platform} is not on the engine and cannot be pulled.",
             hint=f"Load it with `docker load -i FILE` (saved elsewhere with `docker save {base}`), "
                  "or give the scenario a Debian base (e.g. debian:bookworm) that the lab can bootstrap.")
+    if packages:
+        try:
+            return _bootstrap(engine, base, suite, arch, events, packages)
+        except BaseImageError as exc:
+            _remember_failure(bootstrap_tag(suite, arch, packages), exc.message)
+            events("base", f"the base with {', '.join(packages)} included could not be made ({exc.message}); "
+                           "using the plain base: the Dockerfile's apt step installs them and says what fails")
+        plain = bootstrap_tag(suite, arch)
+        image_id = engine.image_id(plain, arch)
+        if image_id:
+            return BaseImage(base, plain, image_id, "bootstrapped", _recipe(suite, arch))
     return _bootstrap(engine, base, suite, arch, events)
 
 
-def _recipe(suite: str, arch: Arch) -> str:
-    return shlex.join(bootstrap_command(suite, arch, Path("rootfs.tar"))) + \
+def _failure_marker(tag: str) -> Path:
+    return cache_dir("bases") / (tag.rpartition(":")[2] + ".failed")
+
+
+def _remember_failure(tag: str, why: str) -> None:
+    """A package set that mmdebstrap could not include is not tried again on every run."""
+    with contextlib.suppress(OSError):
+        _failure_marker(tag).write_text(why + "\n")
+
+
+def _failed_before(tag: str) -> bool:
+    return _failure_marker(tag).exists()
+
+
+def _recipe(suite: str, arch: Arch, packages: tuple[str, ...] = ()) -> str:
+    return shlex.join(bootstrap_command(suite, arch, Path("rootfs.tar"), packages)) + \
         f" && docker build --platform {arch.platform} (FROM scratch; ADD rootfs.tar /)"
 
 
-def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events) -> BaseImage:
+def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
+               packages: tuple[str, ...] = ()) -> BaseImage:
     if shutil.which("mmdebstrap") is None:
         raise BaseImageError(
             f"no registry answered for {base}, and mmdebstrap is not installed to bootstrap it.",
             hint="Run `bin/setup-host` (or `apt-get install mmdebstrap arch-test qemu-user-static`).")
-    tag = bootstrap_tag(suite, arch)
+    tag = bootstrap_tag(suite, arch, packages)
     mirror = current_settings().debian_mirror
-    events("base", f"no registry: bootstrapping Debian {suite} for {arch.value} from {mirror} "
+    with_packages = f" with {', '.join(packages)}" if packages else ""
+    events("base", f"no registry: bootstrapping Debian {suite} for {arch.value}{with_packages} from {mirror} "
                    "with mmdebstrap (1-5 minutes)")
     work = Path(tempfile.mkdtemp(prefix="bootstrap-", dir=cache_dir("bases")))
     try:
         rootfs = work / "rootfs.tar"
-        _run_mmdebstrap(bootstrap_command(suite, arch, rootfs), events)
+        _run_mmdebstrap(bootstrap_command(suite, arch, rootfs, packages), events)
         events("base", f"importing the rootfs as {tag}")
         image_id = engine.build_rootfs(rootfs, tag, arch)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return BaseImage(base, tag, image_id, "bootstrapped", _recipe(suite, arch))
+    return BaseImage(base, tag, image_id, "bootstrapped", _recipe(suite, arch, packages))
 
 
 def _run_mmdebstrap(cmd: list[str], events: Events) -> None:

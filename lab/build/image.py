@@ -28,6 +28,7 @@ from lab.build.render import (
     ContextTree,
     image_pip_conf,
     render_dockerfile,
+    system_packages,
     write_context,
     write_site_context,
 )
@@ -94,7 +95,7 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
                 log_path: Path | None = None) -> BuiltImage:
     """Ensure the base, then build the case image unless its content-addressed tag exists."""
     case = plan.case
-    base = ensure_base(engine, case.scenario.base, case.arch, events)
+    base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
     tag = image_tag(plan, base.image_id)
     existing = engine.image_id(tag)
     if existing:

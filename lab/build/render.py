@@ -172,6 +172,11 @@ def template_for(case: Case) -> str:
     return "cuda.Dockerfile.j2" if case.scenario.gpu else "debian.Dockerfile.j2"
 
 
+def system_packages(case: Case) -> tuple[str, ...]:
+    """The Debian packages the image gets: the lab's own and the scenario's, sorted."""
+    return tuple(sorted(set(BASE_PACKAGES) | set(case.scenario.system_packages)))
+
+
 def dockerfile_fields(case: Case) -> dict[str, object]:
     """What the template is filled with, taken from the case."""
     scenario = case.scenario
@@ -184,7 +189,7 @@ def dockerfile_fields(case: Case) -> dict[str, object]:
         base=scenario.base,
         torch=case.torch,
         arch=case.arch.value,
-        system_packages=sorted(set(BASE_PACKAGES) | set(scenario.system_packages)),
+        system_packages=list(system_packages(case)),
         requirements=case.requirements,
         script=scenario.script.name,
         venv=VENV_IN_IMAGE,

@@ -1,0 +1,86 @@
+"""Which base a case gets (lab.build.base.ensure_base): present, bootstrapped with the case's
+packages included, or the plain bootstrap when that fails. The engine and mmdebstrap are fakes
+here; tests/test_e2e.py builds real bases."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.build import base as base_mod
+from lab.build.base import bootstrap_command, bootstrap_tag, ensure_base
+from lab.core.errors import BaseImageError
+from lab.scenario.schema import Arch
+
+PKGS = ("python3-dev", "g++", "python3", "ca-certificates", "python3-venv")
+
+
+class FakeEngine:
+    def __init__(self, images=()):
+        self.images = {tag: f"sha256:{i}" for i, tag in enumerate(images)}
+        self.built = []
+
+    def image_id(self, ref, arch=None):
+        return self.images.get(ref)
+
+    def pull(self, ref, arch):
+        return None  # no registry, as on these machines
+
+    def build_rootfs(self, rootfs, tag, arch):
+        self.built.append(tag)
+        self.images[tag] = f"sha256:new{len(self.built)}"
+        return self.images[tag]
+
+
+@pytest.fixture
+def mmdebstrap(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(base_mod.shutil, "which", lambda name: "/usr/bin/" + name)
+    calls = []
+
+    def run(cmd, events, fail_with_include=False):
+        calls.append(cmd)
+        if run.fail and any(c.startswith("--include=") for c in cmd):
+            raise BaseImageError("mmdebstrap failed (exit 1): E: Unable to locate package lab-no-such")
+        (base_mod.Path(cmd[-2])).write_bytes(b"rootfs")
+
+    run.fail = False
+    run.calls = calls
+    monkeypatch.setattr(base_mod, "_run_mmdebstrap", run)
+    return run
+
+
+def test_the_tag_and_command_name_the_package_set_in_any_order():
+    tag = bootstrap_tag("bookworm", Arch.ARM64, PKGS)
+    assert tag.startswith("torch-repro-lab/debian:bookworm-arm64-") and len(tag.rpartition("-")[2]) == 12
+    assert tag == bootstrap_tag("bookworm", Arch.ARM64, tuple(reversed(PKGS)) + ("g++",))
+    assert bootstrap_tag("bookworm", Arch.ARM64) == "torch-repro-lab/debian:bookworm-arm64"
+    cmd = bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"), PKGS)
+    assert "--include=ca-certificates,g++,python3,python3-dev,python3-venv" in cmd
+    assert cmd.index("--include=ca-certificates,g++,python3,python3-dev,python3-venv") < cmd.index("bookworm")
+
+
+def test_a_bootstrapped_base_includes_the_cases_packages(mmdebstrap):
+    engine = FakeEngine(images=["torch-repro-lab/debian:bookworm-arm64"])  # a plain one is not enough
+    got = ensure_base(engine, "debian:bookworm", Arch.ARM64, lambda *a: None, PKGS)
+    assert got.ref == bootstrap_tag("bookworm", Arch.ARM64, PKGS) and engine.built == [got.ref]
+    assert "--include=" in got.recipe
+    again = ensure_base(engine, "debian:bookworm", Arch.ARM64, lambda *a: None, PKGS)
+    assert again.image_id == got.image_id and len(mmdebstrap.calls) == 1  # reused
+
+
+def test_a_package_set_debian_cannot_include_falls_back_to_the_plain_base_once(mmdebstrap):
+    mmdebstrap.fail = True
+    engine, said = FakeEngine(), []
+    pkgs = (*PKGS, "lab-no-such")
+    got = ensure_base(engine, "debian:bookworm", Arch.AMD64, lambda stage, text: said.append(text), pkgs)
+    assert got.ref == "torch-repro-lab/debian:bookworm-amd64"
+    assert any("could not be made" in s and "apt step" in s for s in said)
+    calls = len(mmdebstrap.calls)
+    again = ensure_base(engine, "debian:bookworm", Arch.AMD64, lambda *a: None, pkgs)
+    assert again.ref == got.ref and len(mmdebstrap.calls) == calls  # not tried again
+
+
+def test_a_base_the_engine_has_is_used_as_it_is(mmdebstrap):
+    engine = FakeEngine(images=["debian:bookworm"])
+    got = ensure_base(engine, "debian:bookworm", Arch.AMD64, lambda *a: None, PKGS)
+    assert got.origin == "local" and got.ref == "debian:bookworm" and not mmdebstrap.calls
