@@ -406,7 +406,8 @@ def run(
 
 
 def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
-    from lab.drivers.matrix import matrix_result, run_matrix
+    from lab.core.results import MatrixResult, read_document
+    from lab.drivers.matrix import matrix_result, run_matrix, write_matrix_folder
     from lab.pipeline import run_case
 
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "") + ":")
@@ -434,8 +435,10 @@ def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, op
     if repeat > 1:  # the rates on lines of their own, whatever the terminal's width
         for cell in cells:
             err.print(f"{escape(cell.name)}: {cell.rate_words()}", soft_wrap=True)
+    folder = write_matrix_folder(runs_root, matrix_result(cases[0].scenario, cells))
+    err.print(f"matrix: {escape(str(folder / 'report.html'))}", soft_wrap=True)
     if as_json:
-        out.print(json.dumps(matrix_result(cases[0].scenario, cells).to_json()), markup=False)
+        out.print(json.dumps(read_document(folder / "matrix.json", MatrixResult).to_json()), markup=False)
 
 
 def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
@@ -467,6 +470,8 @@ def _print_outcome(outcome) -> None:
         err.print(f"  - {escape(sentence)}")
     report = Path(r.run_dir) / "report.md"
     err.print(f"report:  {report}")
+    if report.with_name("report.html").exists():
+        err.print(f"         {report.with_name('report.html')} (open it in a browser)")
 
 
 @command("bisect")
@@ -696,6 +701,20 @@ def _confirm_replay(yes: bool) -> bool:
         return typer.confirm("Build this image and run the script?", default=False, err=True)
     except typer.Abort:
         return False
+
+
+@command("report")
+def report_cmd(
+    folders: Annotated[list[Path], typer.Argument(help="Run, bisect or matrix folders.", exists=True,
+                                                  file_okay=False, resolve_path=True)],
+) -> None:
+    """(Re)write report.html in run, bisect and matrix folders (a self-contained page: open it in any browser)."""
+    from lab.report.html import write_folder_html
+
+    def body() -> None:
+        for folder in folders:
+            out.print(str(write_folder_html(folder)), markup=False, soft_wrap=True)
+    _guard(body)
 
 
 @command("build-base")
