@@ -96,7 +96,8 @@ def test_the_harness_sees_requests_and_errors(tmp_path):
 @pytest.mark.timeout(1200)
 def test_a_fresh_real_run_writes_a_report_that_renders(tmp_path):
     """The cheapest real case (amd64, torch 2.13.0+cpu from the local wheel): one libgomp, so the
-    loader graph has no red node, but it is drawn from the run's own LD_DEBUG log."""
+    loader graph has no red node, but it is drawn from the run's own LD_DEBUG log. The run is in
+    the run history (`lab runs`) too."""
     proc = run_lab("run", "libgomp-amd64", "--out", str(tmp_path / "runs"), "--json", "--no-diagnose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
@@ -109,6 +110,8 @@ def test_a_fresh_real_run_writes_a_report_that_renders(tmp_path):
     graph = visible(report, "#loader-graph-svg svg", min_width=300)
     assert "libgomp" in graph["text"] and "libtorch_cpu.so" in graph["text"]
     assert report.boxes['#loader-graph-svg svg [fill="#f8d0d0"]'] is None   # one libgomp: nothing red
+    listed = run_lab("runs", "libgomp-amd64", "--out", str(tmp_path / "runs"), "--json")   # and in the history
+    assert [r["run_dir"] for r in last_json(listed.stdout)["runs"]] == [str(run_dir)], listed.stderr
 
 
 def test_chromium_is_there():
