@@ -4,7 +4,8 @@ console error, and no request but the page itself. Each test keeps a full-page s
 artifacts/browser/ (git-ignored; LAB_ARTIFACTS moves it) and in its pytest tmp folder.
 
 The first test is a real run: the committed run folder of torch 2.5.1 on arm64 (two libgomp); the
-docker test makes a fresh real run of the cheapest case (amd64, torch 2.13.0+cpu) and opens its page.
+docker test makes a fresh real matrix of the cheapest case (amd64, torch 2.13.0+cpu, run twice) and
+opens its pages.
 """
 
 from __future__ import annotations
@@ -94,24 +95,40 @@ def test_the_harness_sees_requests_and_errors(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.timeout(1200)
-def test_a_fresh_real_run_writes_a_report_that_renders(tmp_path):
-    """The cheapest real case (amd64, torch 2.13.0+cpu from the local wheel): one libgomp, so the
-    loader graph has no red node, but it is drawn from the run's own LD_DEBUG log. The run is in
-    the run history (`lab runs`) too."""
-    proc = run_lab("run", "libgomp-amd64", "--out", str(tmp_path / "runs"), "--json", "--no-diagnose")
+def test_a_fresh_real_matrix_writes_pages_that_render_and_is_in_the_history(tmp_path):
+    """The cheapest real case (amd64, torch 2.13.0+cpu from the local wheel), run twice as a matrix
+    (`--repeat 2`): each run's page, drawn from its own LD_DEBUG log (one libgomp: nothing red), the
+    matrix folder's grid, and both runs in the run history as matrix cells."""
+    runs = tmp_path / "runs"
+    proc = run_lab("run", "libgomp-amd64", "--repeat", "2", "--out", str(runs), "--json", "--no-diagnose")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = last_json(proc.stdout)
-    run_dir = Path(result["run_dir"])
+    (cell,) = last_json(proc.stdout)["cells"]
+    folder = Path(last_json(proc.stdout)["folder"])
+    run_dir = Path(cell["runs"][-1]["run_dir"])
     assert "report.html" in proc.stderr
+
     report = open_page((run_dir / "report.html").as_uri(), RUN_SELECTORS)
     keep(report, tmp_path, "report-libgomp-amd64.png")
     clean(report)
-    assert visible(report, "#verdict .verdict")["text"].strip() == result["verdict"].replace("_", " ")
+    assert visible(report, "#verdict .verdict")["text"].strip() == cell["runs"][-1]["verdict"].replace("_", " ")
     graph = visible(report, "#loader-graph-svg svg", min_width=300)
     assert "libgomp" in graph["text"] and "libtorch_cpu.so" in graph["text"]
     assert report.boxes['#loader-graph-svg svg [fill="#f8d0d0"]'] is None   # one libgomp: nothing red
-    listed = run_lab("runs", "libgomp-amd64", "--out", str(tmp_path / "runs"), "--json")   # and in the history
-    assert [r["run_dir"] for r in last_json(listed.stdout)["runs"]] == [str(run_dir)], listed.stderr
+
+    grid = open_page((folder / "report.html").as_uri(), ("#matrix-grid", "#matrix-grid td.cell a"))
+    keep(grid, tmp_path, "matrix-libgomp-amd64.png")
+    clean(grid)
+    assert "2.13.0+cpu" in visible(grid, "#matrix-grid")["text"]
+    assert f"{cell['reproduced']}/{cell['runnable']} reproduced" in visible(grid, "#matrix-grid")["text"]
+    visible(grid, "#matrix-grid td.cell a")                                   # linked to the run's page
+
+    listed = run_lab("runs", "libgomp-amd64", "--out", str(runs), "--json")
+    assert listed.returncode == 0, listed.stderr
+    history = last_json(listed.stdout)["runs"]
+    assert [r["run_dir"] for r in history] == [r["run_dir"] for r in reversed(cell["runs"])]
+    assert {r["kind"] for r in history} == {"cell"}
+    flaky = last_json(run_lab("runs", "--flaky", "--out", str(runs), "--json").stdout)["flaky"]
+    assert [f["case"] for f in flaky] == ([cell["cell"]] if cell["verdict"] == "flaky" else [])
 
 
 def test_chromium_is_there():
