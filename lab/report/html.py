@@ -165,12 +165,23 @@ class ProbeRow:
 
 
 @dataclass(frozen=True)
+class BoundarySide:
+    label: str            # "last old" / "first new"
+    torch: str
+    verdict: str
+    evidence: str
+    reason: str
+    link: str | None
+
+
+@dataclass(frozen=True)
 class BisectView:
     title: str
     status: str
     summary: str
     timeline: Markup
     boundary: str | None
+    compare: tuple[BoundarySide, ...]    # the two releases either side of the boundary, when found
     rows: tuple[ProbeRow, ...]
     notes: tuple[str, ...]
     resume: str | None
@@ -182,8 +193,13 @@ def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> 
     rows = tuple(ProbeRow(n, p.version, p.verdict, p.outcome, p.reason, _link(folder, p.run_dir))
                  for n, p in enumerate(result.steps, 1))
     boundary = (f"{result.last_old} → {result.first_new}" if result.last_old and result.first_new else None)
+    probes = {p.version: p for p in result.steps}
+    compare = tuple(BoundarySide(label, probes[v].version, probes[v].verdict, probes[v].evidence, probes[v].reason,
+                                 _link(folder, probes[v].run_dir))
+                    for label, v in (("last old", result.last_old), ("first new", result.first_new)) if v in probes)
     view = BisectView(title=f"bisect {result.scenario or ''} ({result.arch or '?'})", status=result.status,
-                      summary=result.summary, timeline=Markup(timeline_svg), boundary=boundary, rows=rows,
+                      summary=result.summary, timeline=Markup(timeline_svg), boundary=boundary,
+                      compare=compare if len(compare) == 2 else (), rows=rows,
                       notes=result.notes, resume=result.resume, candidates=result.candidates)
     path = folder / HTML_NAME
     _write(path, render("bisect.html.j2", view))

@@ -105,6 +105,10 @@ def test_bisect_folder_gets_a_page_with_the_timeline_and_links_to_probe_reports(
     assert "changes between 2.8.0 and 2.9.0" in text and "<strong>2.8.0 → 2.9.0</strong>" in text
     assert '<a href="libgomp-aarch64%5Btorch%3D2.5.1%5D/report.html">report</a>' in text   # relative, quoted
     assert 'class="cell v-error">error</td>' in text
+    boundary = text.split('<h2 id="boundary">')[1].split("</table>")[0]
+    assert "<th>last old: torch 2.8.0</th><th>first new: torch 2.9.0</th>" in boundary
+    assert "<pre>one libgomp</pre>" in boundary and "torch.libs/libgomp-a34b3233.so.1 | /lib/libgomp.so.1" in boundary
+    assert boundary.count('<a href="libgomp-aarch64%5Btorch%3D2.') == 2
     assert write_folder_html(probes) == probes / "report.html"                     # `lab report` redraws it
 
 

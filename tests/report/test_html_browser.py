@@ -73,13 +73,15 @@ def test_a_bisection_page_shows_the_timeline_and_its_boundary(tmp_path):
         shutil.copytree(RUN, p.run_dir)
         write_run_html(Path(p.run_dir))
     write_bisect_report(folder, "libgomp-aarch64", "arm64", result, VERSIONS, "lab bisect ...")
-    report = open_page((folder / "report.html").as_uri(), ("#verdict", "#timeline-svg svg", "#probes", "table a"))
+    report = open_page((folder / "report.html").as_uri(), ("#verdict", "#timeline-svg svg", "#boundary + table",
+                                                           "#probes", "table a"))
     keep(report, tmp_path, "bisect-libgomp-aarch64.png")
     clean(report)
     assert "2.8.0 → 2.9.0" in visible(report, "#verdict")["text"]
     timeline = visible(report, "#timeline-svg svg", min_width=400)
     assert "changes between 2.8.0 and 2.9.0" in timeline["text"] and "2.15.0" in timeline["text"]
     visible(report, "table a")
+    assert "last old: torch 2.8.0" in visible(report, "#boundary + table")["text"]
 
 
 def test_the_harness_sees_requests_and_errors(tmp_path):
