@@ -230,6 +230,8 @@ class RunIndex:
 
     def sync(self) -> None:
         """Bring the index up to date with the folders under the root."""
+        if not self.root.is_dir():
+            return
         found = dict(self._scan())
         refs = list(self._refs())
         with self._db() as conn:
@@ -284,6 +286,8 @@ class RunIndex:
     def query(self, scenario: str | None = None, torch: str | None = None, arch: str | None = None,
               verdict: str | None = None, since: datetime | None = None) -> list[RunEntry]:
         self.sync()
+        if not self.root.is_dir():
+            return []
         where, args = [], []
         for column, value in (("scenario", scenario), ("torch", torch), ("arch", arch), ("verdict", verdict)):
             if value is not None:
@@ -303,6 +307,8 @@ class RunIndex:
     def flaky(self, scenario: str | None = None) -> list[FlakyCase]:
         """Cases whose runs (repeats, reruns, probes, replays) reached different verdicts about the bug."""
         self.sync()
+        if not self.root.is_dir():
+            return []
         sql = ("SELECT case_name, scenario, count(*), sum(verdict = 'reproduced'), "
                "sum(verdict IN ('reproduced', 'not_reproduced')) FROM runs "
                + ("WHERE scenario = ? " if scenario else "") + "GROUP BY case_name, scenario "
@@ -320,6 +326,8 @@ class RunIndex:
                                "knows which run folders to remove.")
         now = now or datetime.now(timezone.utc)
         self.sync()
+        if not self.root.is_dir():
+            return Collected((), ())
         with self._db() as conn:
             rows = conn.execute("SELECT path, case_name, started, kind FROM runs "
                                 "ORDER BY case_name, started DESC, path DESC").fetchall()

@@ -210,3 +210,9 @@ def test_lab_runs_command(root):
     again = run_lab("runs", "--out", str(root), "--json")
     assert again.returncode == 0 and len(last_json(again.stdout)["runs"]) == 4
     assert "rebuilt from the run folders" in " ".join(again.stderr.split())
+
+
+def test_no_runs_folder_is_an_empty_history_and_stays_absent(tmp_path):
+    index = RunIndex(tmp_path / "runs")
+    assert index.query() == [] and index.flaky() == [] and index.gc(None, 1).removed == ()
+    assert not (tmp_path / "runs").exists()
