@@ -172,7 +172,8 @@ def _bad_input(error: LabError) -> bool:
     from lab.core.errors import ResultError
     from lab.core.safetar import BundleError
     from lab.drivers.bisect import BisectError
-    return isinstance(error, (BundleError, ReleaseError, BisectError, ResultError))
+    from lab.history.index import HistoryError
+    return isinstance(error, (BundleError, ReleaseError, BisectError, ResultError, HistoryError))
 
 
 # ----------------------------------------------------------------------------- settings and scenarios
@@ -408,7 +409,8 @@ def run(
 
 
 def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
-    from lab.drivers.matrix import matrix_result, run_matrix
+    from lab.core.results import MatrixResult, read_document
+    from lab.drivers.matrix import matrix_result, run_matrix, write_matrix_folder
     from lab.pipeline import run_case
 
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "") + ":")
@@ -436,8 +438,10 @@ def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, op
     if repeat > 1:  # the rates on lines of their own, whatever the terminal's width
         for cell in cells:
             err.print(f"{escape(cell.name)}: {cell.rate_words()}", soft_wrap=True)
+    folder = write_matrix_folder(runs_root, matrix_result(cases[0].scenario, cells))
+    err.print(f"matrix: {escape(str(folder / 'report.html'))}", soft_wrap=True)
     if as_json:
-        out.print(json.dumps(matrix_result(cases[0].scenario, cells).to_json()), markup=False)
+        out.print(json.dumps(read_document(folder / "matrix.json", MatrixResult).to_json()), markup=False)
 
 
 def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
@@ -469,6 +473,8 @@ def _print_outcome(outcome) -> None:
         err.print(f"  - {escape(sentence)}")
     report = Path(r.run_dir) / "report.md"
     err.print(f"report:  {report}")
+    if report.with_name("report.html").exists():
+        err.print(f"         {report.with_name('report.html')} (open it in a browser)")
 
 
 @command("bisect")
@@ -542,6 +548,7 @@ def bundle_cmd(
     def body() -> None:
         from lab.bundle.archive import inspect_bundle, write_bundle
         from lab.core.records import format_bytes
+        from lab.history.index import note_bundle
         if inspect:
             manifest = inspect_bundle(path)
             if as_json:
@@ -561,6 +568,8 @@ def bundle_cmd(
                 out.print(f"left out: {item.path} ({item.why})", markup=False)
             return
         info = write_bundle(path, output, slim=slim)
+        if (note := note_bundle(path, info.path)) is not None:
+            log.warning(note)
         err.print(f"bundle: {info.path} ({format_bytes(info.size)}, {info.file_count} files"
                   + (", slim" if slim else "") + ")")
         for item in info.left_out:
@@ -698,6 +707,88 @@ def _confirm_replay(yes: bool) -> bool:
         return typer.confirm("Build this image and run the script?", default=False, err=True)
     except typer.Abort:
         return False
+
+
+@command("runs")
+def runs_cmd(
+    scenario: Annotated[str | None, typer.Argument(help="Only this scenario's runs (its name).")] = None,
+    torch: TorchOpt = None,
+    arch: ArchOpt = None,
+    verdict: Annotated[str | None, typer.Option("--verdict", help="Only runs with this verdict.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only runs started on or after this date "
+                                              "(YYYY-MM-DD, UTC).")] = None,
+    flaky: Annotated[bool, typer.Option("--flaky", help="Cases whose runs reached different verdicts, "
+                                        "with their reproduction rate.")] = False,
+    gc: Annotated[bool, typer.Option("--gc", help="Remove old run folders (not what a bisection or a bundle "
+                                     "refers to).")] = False,
+    older_than: Annotated[str | None, typer.Option("--older-than", help="With --gc: folders older than this "
+                                                   "(30d, 12h, 2w).")] = None,
+    keep: Annotated[int | None, typer.Option("--keep", min=0, help="With --gc: keep the newest N runs of "
+                                             "each case.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --gc: say what would go, remove nothing.")]
+    = False,
+    out_dir: OutOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The run history: every run, probe, matrix cell and replay under the runs folder, newest first."""
+    from lab.history.index import RunIndex, parse_age, parse_since
+
+    def body() -> None:
+        index = RunIndex(_runs_root(out_dir))
+        if gc:
+            done = index.gc(parse_age(older_than) if older_than else None, keep, dry_run=dry_run)
+            _notes(index)
+            verb = "would remove" if dry_run else "removed"
+            for path in done.removed:
+                err.print(f"{verb} {escape(str(path))}", soft_wrap=True)
+            for path in done.kept_referenced:
+                err.print(f"kept {escape(str(path))} (a bisection or a bundle refers to it)", soft_wrap=True)
+            err.print(f"{verb} {len(done.removed)} run folder(s), kept {len(done.kept_referenced)} referenced")
+            if as_json:
+                out.print(json.dumps({"removed": [str(p) for p in done.removed], "dry_run": dry_run,
+                                      "kept": [str(p) for p in done.kept_referenced]}), markup=False)
+            return
+        if flaky:
+            cases = index.flaky(scenario)
+            _notes(index)
+            table = Table("case", "runs", "reproduced", "rate")
+            for c in cases:
+                table.add_row(escape(c.case), str(c.runs), f"{c.reproduced}/{c.runnable}", f"{c.rate:.0%}")
+            err.print(table if cases else "no flaky case: every case's runs agree")
+            if as_json:
+                out.print(json.dumps({"flaky": [c.to_json() for c in cases]}), markup=False)
+            return
+        entries = index.query(scenario, torch, arch, verdict, parse_since(since) if since else None)
+        _notes(index)
+        table = Table("started", "case", "kind", "verdict", "run folder")
+        for e in entries:
+            colour = _COLOURS.get(e.verdict, "bold")
+            table.add_row(e.started, escape(e.case), e.kind, f"[{colour}]{e.verdict}[/]", escape(str(e.path)))
+        if as_json:
+            err.print(table if entries else "no run matches")
+            out.print(json.dumps({"runs": [e.to_json() for e in entries]}), markup=False)
+        else:
+            out.print(table if entries else "no run matches")
+    _guard(body)
+
+
+def _notes(index) -> None:
+    for note in index.notes:
+        log.warning(note)
+
+
+@command("report")
+def report_cmd(
+    folders: Annotated[list[Path], typer.Argument(help="Run, bisect or matrix folders.", exists=True,
+                                                  file_okay=False, resolve_path=True)],
+) -> None:
+    """(Re)write report.html in run, bisect and matrix folders (a self-contained page: open it in any browser)."""
+    from lab.report.html import write_folder_html
+
+    def body() -> None:
+        for folder in folders:
+            out.print(str(write_folder_html(folder)), markup=False, soft_wrap=True)
+    _guard(body)
 
 
 @command("build-base")

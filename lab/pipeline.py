@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -20,6 +21,7 @@ from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioErr
 from lab.core.records import Events, RawRun, RunLimits, no_events
 from lab.core.results import RunResult, StageTimes
 from lab.engine.docker_engine import Engine
+from lab.history.index import record_run
 from lab.report import run_folder as report
 
 LD_DEBUG = "libs,files"
@@ -135,6 +137,9 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     except LabError as exc:
         report.mark_unfinished(run_dir, case, "failed", str(exc))
         raise
+    finally:  # the run folder is written first; the history index only caches it
+        if (note := record_run(runs_root, run_dir)) is not None:
+            logging.getLogger("lab").warning(note)
 
 
 class _Clock:

@@ -27,12 +27,19 @@ def engine_answers() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("CI") or engine_answers():
-        return  # in CI a missing engine must fail the docker tests, not skip them
-    skip = pytest.mark.skip(reason="no Docker engine answers (run bin/setup-host)")
-    for item in items:
-        if "docker" in item.keywords:
-            item.add_marker(skip)
+    if os.environ.get("CI"):
+        return  # in CI a missing engine or browser must fail their tests, not skip them
+    if any("docker" in item.keywords for item in items) and not engine_answers():
+        skip = pytest.mark.skip(reason="no Docker engine answers (run bin/setup-host)")
+        for item in items:
+            if "docker" in item.keywords:
+                item.add_marker(skip)
+    from tests.browser import find_chromium
+    if find_chromium() is None:
+        skip = pytest.mark.skip(reason="no chromium (run bin/setup-host)")
+        for item in items:
+            if "browser" in item.keywords:
+                item.add_marker(skip)
 
 
 def run_lab(*args: str, timeout: float = 3000, env: dict | None = None,

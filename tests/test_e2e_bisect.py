@@ -37,6 +37,8 @@ def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
     md = (folder / "bisect.md").read_text()
     assert "2.4.0" in md and "bisect.svg" in md and result["resume"] in md
     assert "<svg" in (folder / "bisect.svg").read_text()
+    page = (folder / "report.html").read_text()
+    assert 'id="timeline-svg"><svg' in page and "<strong>2.3.1 → 2.4.0</strong>" in page
     assert "torch.func.vmap capture is disabled" in (folder / "torch2.3.1" / "report.md").read_text()
     assert "resume after an interruption with: lab bisect vmap-inside-compile" in proc.stderr
 
@@ -55,6 +57,7 @@ def test_matrix_runs_every_cell_and_repeat_gives_a_rate(runs):
     assert cells == {"vmap-inside-compile[torch=2.3.1,arch=arm64]": "reproduced",
                      "vmap-inside-compile[torch=2.4.1,arch=arm64]": "not_reproduced"}
     assert "vmap-inside-compile[torch=2.4.1,arch=arm64]" in proc.stderr  # the table
+    assert 'id="matrix-grid"' in (Path(data["folder"]) / "report.html").read_text()
 
     proc = run_lab("run", "vmap-inside-compile", "--torch", "2.3.1,2.4.1", "--arch", "arm64", "-k", "2.3.1",
                    "--repeat", "2", "--no-diagnose", "--out", str(runs), "--json")

@@ -70,7 +70,9 @@ def test_the_wheel_carries_templates_scenarios_and_runner_and_no_ca(wheel):
     assert {"lab/dockerfiles/debian.Dockerfile.j2", "lab/dockerfiles/cuda.Dockerfile.j2",
             "lab/dockerfiles/lab-ca/README", "lab/probe/lab_run.py", "lab/scenarios/libgomp-aarch64.yaml",
             "lab/scenarios/scripts/libgomp_aarch64.py", "lab/report/templates/report.md.j2",
-            "lab/report/templates/bisect.md.j2"} <= names
+            "lab/report/templates/bisect.md.j2", "lab/report/templates/report.html.j2",
+            "lab/report/templates/bisect.html.j2", "lab/report/templates/matrix.html.j2",
+            "lab/report/templates/_page.html.j2"} <= names
     shipped = {p.name for p in (ROOT / "scenarios").glob("*.yaml")}
     assert shipped == {n.rsplit("/", 1)[1] for n in names if n.startswith("lab/scenarios/") and n.endswith(".yaml")}
     assert not [n for n in names if n.endswith(".crt")]  # a proxy's CA copied for compose stays home
@@ -120,6 +122,17 @@ def test_installed_wheel_renders_the_markdown_templates(installed, outside):
     assert checkout.returncode == 0, checkout.stderr
     assert text.startswith("# Bisect: s (amd64), 2.8.0 to 2.10.0\n")
     assert text == checkout.stdout.partition("\n")[2]  # byte for byte
+
+
+def test_installed_wheel_writes_report_html(installed, outside):
+    """The HTML templates are package data too: the installed `lab report` draws a real run's page."""
+    import shutil
+    run_dir = outside / "20261122T120958Z-torch2.5.1-arm64"
+    shutil.copytree(ROOT / "tests/data/run-folders" / run_dir.name, run_dir)
+    done = sh(installed, "report", str(run_dir), cwd=outside, env=clean_env(outside))
+    assert done.returncode == 0, done.stderr
+    page = (run_dir / "report.html").read_text()
+    assert '<span class="verdict v-reproduced">reproduced</span>' in page and "Loader graph" in page
 
 
 def test_a_project_folder_comes_before_the_shipped_scenarios(installed, outside):

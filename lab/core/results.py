@@ -475,6 +475,7 @@ class MatrixResult(Document):
     kind: Literal["matrix"] = "matrix"
     scenario: str
     cells: tuple[MatrixCell, ...]
+    folder: str | None = None   # runs/<scenario>/matrix-<timestamp>/: matrix.json and report.html
 
 
 # --- an ablation: ablation.json and `lab run --ablate --json` --------------------------------------

@@ -1,4 +1,4 @@
-"""A bisection's report: bisect.md (summary, resume command, every probe), bisect.svg, bisect.json.
+"""A bisection's report: bisect.md (summary, resume command, every probe), bisect.svg, bisect.json, report.html.
 
 The SVG is written by hand (no plotting dependency): one mark per candidate
 release, coloured by what its probe said, and the boundary between `last_old`
@@ -28,14 +28,16 @@ _STEP, _MARGIN, _R, _Y = 56, 48, 9, 64
 
 def write_bisect_report(folder: str | os.PathLike, scenario_name: str, arch: str, result: BisectResult,
                         candidates: Sequence[str], resume_command: str = "") -> Path:
-    """Write bisect.md, bisect.svg and bisect.json into `folder`; return the path of bisect.md."""
+    """Write bisect.md, bisect.svg, bisect.json and report.html into `folder`; return the path of bisect.md."""
+    from lab.report.html import write_bisect_html
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    (out / SVG_NAME).write_text(render_svg(scenario_name, arch, result, candidates), encoding="utf-8",
-                                newline="\n")
+    svg = render_svg(scenario_name, arch, result, candidates)
+    (out / SVG_NAME).write_text(svg, encoding="utf-8", newline="\n")
     record = result.model_copy(update={"scenario": scenario_name, "arch": str(arch), "candidates": tuple(candidates),
                                        "resume": resume_command or result.resume})
     record.write(out / JSON_NAME)
+    write_bisect_html(out, record, svg)
     md = out / MD_NAME
     md.write_text(render_markdown(out, scenario_name, arch, result, candidates, resume_command),
                   encoding="utf-8", newline="\n")

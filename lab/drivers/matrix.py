@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
 
 from lab.build.resolve import Case, resolve
 from lab.core.errors import ScenarioError
@@ -188,3 +190,29 @@ def run_matrix(cases: list[Case], run_one: Callable[[Case, int], RunResult], rep
 def matrix_result(scenario: Scenario, cells: list[Cell]) -> MatrixResult:
     """`lab run --json` of a matrix."""
     return MatrixResult(scenario=scenario.name, cells=tuple(c.record() for c in cells))
+
+
+MATRIX_JSON = "matrix.json"
+
+
+def write_matrix_folder(runs_root: Path, result: MatrixResult, now: datetime | None = None) -> Path:
+    """runs/<scenario>/matrix-<timestamp>/ with matrix.json and report.html (the grid of cells, each
+    linked to its last run's report); the returned result's `folder` names it."""
+    from lab.report.html import write_matrix_html
+    now = now or datetime.now(timezone.utc)
+    parent = runs_root / result.scenario
+    parent.mkdir(parents=True, exist_ok=True)
+    stem = f"matrix-{now:%Y%m%dT%H%M%SZ}"
+    for n in range(1, 1000):
+        folder = parent / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free matrix folder name under {parent}")
+    recorded = result.model_copy(update={"folder": str(folder)})
+    recorded.write(folder / MATRIX_JSON)
+    write_matrix_html(folder, recorded)
+    return folder

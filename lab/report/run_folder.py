@@ -7,6 +7,7 @@ plain words, versions, the script, then the long logs collapsed.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,6 +20,7 @@ from lab.analyze.dynamo import Diagnostics
 from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
 from lab.build.resolve import Case
+from lab.core.errors import LabError
 from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
 from lab.core.results import (
     RESULT_NAME,
@@ -138,7 +140,21 @@ def write_results(rec: RunRecord) -> RunResult:
     if rec.diagnostics is not None:
         _dump_json(rec.run_dir / "diagnose" / "diagnostics.json", rec.diagnostics.to_json())
     (rec.run_dir / "report.md").write_text(render_report(rec))
+    write_html(rec.run_dir)
     return result
+
+
+def write_html(run_dir: Path) -> str | None:
+    """report.html beside report.md (lab.report.html), written after every other record: a failure
+    to write it is a note (returned, and logged), never a lost run."""
+    from lab.report.html import write_run_html
+    try:
+        write_run_html(run_dir)
+    except (OSError, LabError) as exc:
+        note = f"report.html was not written: {exc}"
+        logging.getLogger("lab").warning(note)
+        return note
+    return None
 
 
 def mark_unfinished(run_dir: Path, case: Case, status: str, reason: str) -> None:

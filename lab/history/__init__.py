@@ -1,0 +1,1 @@
+"""The run history: an SQLite index of the run folders (lab runs)."""
