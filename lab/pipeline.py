@@ -89,7 +89,10 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     """
     check_gpu(case, engine)
     limits = run_limits(case, allow_network)
-    plan = plan or plan_build(case, host, events)
+    clock = _Clock()
+    if plan is None:
+        with clock("site"):
+            plan = plan_build(case, host, events)
     started = datetime.now(timezone.utc)
     run_dir = run_dir or report.new_run_dir(runs_root, case, started)
     write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
@@ -97,7 +100,6 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version,
                   host_arch=engine.arch.uname, emulated=emulated, started=started)
-    clock = _Clock()
     try:
         try:
             with clock("build"):
@@ -107,6 +109,7 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
             rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None,
                                    timings=clock.times(), **record)
             return RunOutcome(run_dir, report.write_results(rec), judgement)
+        clock.spent["base"] = image.base_seconds
         report.write_scenario(run_dir, case, image.base)
         _save_freeze(engine, image.tag, run_dir)
         with clock("run"):

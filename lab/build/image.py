@@ -95,6 +95,7 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
                 log_path: Path | None = None) -> BuiltImage:
     """Ensure the base, then build the case image unless its content-addressed tag exists."""
     case = plan.case
+    base_started = time.monotonic()
     base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
     tag = image_tag(plan, base.image_id)
     existing = engine.image_id(tag)
@@ -102,7 +103,8 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
         events("build", f"image {tag} is cached")
         if log_path:
             log_path.write_text(f"cached: {tag} ({existing})\n")
-        return BuiltImage(tag, existing, base, cached=True, build_seconds=0.0)
+        return BuiltImage(tag, existing, base, cached=True, build_seconds=0.0,
+                          base_seconds=time.monotonic() - base_started)
     events("build", f"building {tag} for {case.arch.platform}")
     started = time.monotonic()
     lines: list[str] = []
@@ -123,7 +125,8 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
     finally:
         if log_path:
             log_path.write_text(redact_secrets("\n".join(lines) + "\n"))
-    return BuiltImage(tag, image_id, base, cached=False, build_seconds=time.monotonic() - started)
+    return BuiltImage(tag, image_id, base, cached=False, build_seconds=time.monotonic() - started,
+                      base_seconds=started - base_started)
 
 
 def _ensure_site_image(plan: BuildPlan, engine: Engine, base_ref: str, events: Events,

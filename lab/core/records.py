@@ -36,6 +36,7 @@ class BuiltImage:
     base: BaseImage
     cached: bool            # True when the content-addressed tag already existed
     build_seconds: float
+    base_seconds: float = 0.0  # of which: making sure the base is there (bootstrap, when cold)
 
 
 # What the lab copies out of a run at most (scenario `limits: {output: ..., logs: ...}` changes

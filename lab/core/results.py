@@ -200,7 +200,9 @@ class CaptureDetail(Record):
 class StageTimes(Record):
     """Wall seconds of each stage of one run (a stage that did not happen is absent)."""
 
-    build_s: float | None = None
+    site_s: float | None = None         # the requirements cross-installed on the host (uv), or found cached
+    build_s: float | None = None        # the image: base, site image and the case's build, or found cached
+    base_s: float | None = None         # of build_s: the base (bootstrapped when cold)
     run_s: float | None = None
     analyze_s: float | None = None
     diagnose_s: float | None = None

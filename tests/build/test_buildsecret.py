@@ -107,7 +107,7 @@ class FakeEngine:
 @pytest.fixture
 def no_base(monkeypatch):
     monkeypatch.setattr(build_module, "ensure_base",
-                        lambda engine, ref, arch, events: BaseImage(ref, ref, "sha256:base", "local"))
+                        lambda engine, ref, arch, events, packages=():  BaseImage(ref, ref, "sha256:base", "local"))
 
 
 def plan_for(host: HostPip):
