@@ -72,6 +72,7 @@ def main() -> None:
     print(f"bare line read : {mb / read['seconds']:8.1f} MB/s  peak RSS {read['peak_mib']:6.1f} MiB")
     print(f"parse_dir      : {mb / parse['seconds']:8.1f} MB/s  peak RSS {parse['peak_mib']:6.1f} MiB")
     print(f"ratio parse/read time: {parse['seconds'] / read['seconds']:.2f}x")
+    print(f"RESULT loader_parse_mb_per_s={mb / parse['seconds']:.1f}")
 
 
 if __name__ == "__main__":
