@@ -11,7 +11,7 @@ import pytest
 
 LAB = Path(__file__).resolve().parents[1] / "lab"
 # Earlier first. pipeline, doctor, schemas and cli are modules at the top of the package.
-ORDER = ("core", "scenario", "engine", "build", "analyze", "report", "pipeline", "drivers", "bundle",
+ORDER = ("core", "scenario", "engine", "build", "analyze", "report", "cache_policy", "pipeline", "drivers", "bundle",
          "doctor", "schemas", "cli")
 
 
