@@ -410,6 +410,15 @@ def due(root: Path, now: float) -> bool:
     return not (0 <= now - at < RECOUNT_S) or total > RECOUNT_SHARE * cap
 
 
+def last_count() -> tuple[int, int] | None:
+    """(total, cap) at the last count enforcement made, or None."""
+    try:
+        last = json.loads((current().cache_dir / LAST_COUNT).read_text())
+        return int(last["total"]), int(last["cap"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _remember(root: Path, now: float, total: int, cap: int) -> None:
     with contextlib.suppress(OSError):
         tmp = root / f"{LAST_COUNT}.{os.getpid()}.tmp"
