@@ -290,6 +290,8 @@ def take_inventory(engine=None, now: float | None = None,
             entries += images
         except LabError as exc:
             notes.append(f"images left out: {exc}")
+        except Exception as exc:  # noqa: BLE001 - an engine that cannot list images leaves them out
+            notes.append(f"images left out: {type(exc).__name__}: {exc}")
     else:
         notes.append("images left out: no Docker engine")
     leases = live_leases(root)
@@ -400,14 +402,15 @@ def deferred() -> Iterator[None]:
         _DEFERRED.pop()
 
 
-def due(root: Path, now: float) -> bool:
-    """Whether the cap needs a full count now (see RECOUNT_S)."""
+def due(root: Path, now: float, cap: int | None = None) -> bool:
+    """Whether the cap needs a full count now (see RECOUNT_S); `cap` the configured one (None: the
+    default, as last computed)."""
     try:
         last = json.loads((root / LAST_COUNT).read_text())
-        at, total, cap = float(last["at"]), int(last["total"]), int(last["cap"])
+        at, total, last_cap = float(last["at"]), int(last["total"]), int(last["cap"])
     except (OSError, ValueError, KeyError, TypeError):
         return True
-    return not (0 <= now - at < RECOUNT_S) or total > RECOUNT_SHARE * cap
+    return not (0 <= now - at < RECOUNT_S) or total > RECOUNT_SHARE * (last_cap if cap is None else cap)
 
 
 def last_count() -> tuple[int, int] | None:
@@ -434,8 +437,9 @@ def enforce_cap(engine, events: Events = no_events, *, force: bool = False,
         return None
     now = time.time() if now is None else now
     try:
-        root = current().cache_dir
-        if not due(root, now):
+        settings = current()
+        root = settings.cache_dir
+        if not due(root, now, settings["cache_cap"]):
             return None
         pruned = prune(engine, events=events, now=now)
         _remember(root, now, pruned.before.total - pruned.freed, pruned.before.cap)

@@ -169,8 +169,15 @@ def test_enforcement_never_raises_and_says_why(cache, monkeypatch):
             raise RuntimeError("socket closed")
     said = []
     monkeypatch.setenv("LAB_CACHE_CAP", "0")
-    assert inv.enforce_cap(Broken(), lambda stage, msg: said.append((stage, msg))) is None
+    inv.enforce_cap(Broken(), lambda stage, msg: said.append((stage, msg)))
     assert said and said[0][0] == "cache" and "socket closed" in said[0][1]
+
+    def fails(*a, **k):
+        raise OSError("disk gone")
+    monkeypatch.setattr(inv, "prune", fails)
+    said.clear()
+    assert inv.enforce_cap(FakeEngine([]), lambda stage, msg: said.append((stage, msg)), now=time.time() + 1e6) is None
+    assert said == [("cache", "the cache cap was not enforced: OSError: disk gone")]
 
 
 def test_enforcement_counts_again_only_when_due_and_defers_inside_a_bisection(cache, monkeypatch):
@@ -187,3 +194,18 @@ def test_enforcement_counts_again_only_when_due_and_defers_inside_a_bisection(ca
         assert inv.enforce_cap(engine, now=now + 10 * inv.RECOUNT_S) is None
         pruned = inv.enforce_cap(engine, now=now + 10 * inv.RECOUNT_S, force=True)
     assert [e.name for e in pruned.removed] == ["old"]
+
+
+def test_a_smaller_cap_set_since_the_last_count_makes_it_due(cache, monkeypatch):
+    now = time.time()
+    site(cache, "old", 100, now - 30 * DAY)
+    monkeypatch.setenv("LAB_CACHE_CAP", "10GiB")
+    assert inv.enforce_cap(FakeEngine([]), now=now) is not None
+    monkeypatch.setenv("LAB_CACHE_CAP", "0")
+    pruned = inv.enforce_cap(FakeEngine([]), now=now + 60)
+    assert pruned is not None and [e.name for e in pruned.removed] == ["old"]
+
+
+def test_an_engine_without_image_listing_leaves_images_out_with_a_note(cache):
+    stock = inv.take_inventory(object(), time.time())
+    assert any(n.startswith("images left out: AttributeError") for n in stock.notes)
