@@ -773,8 +773,7 @@ def _gib(n: int) -> str:
 
 @command("info", group=cache_app)
 def cache_info(as_json: JsonOpt = False) -> None:
-    """Show each part of the cache (images the lab built, bases, site trees, uv's wheels, the release
-    index, collect_env answers), its size, and the cap."""
+    """Show each part of the cache (images, bases, site trees, uv's wheels, release index), its size, and the cap."""
     def body() -> None:
         from lab.cache_policy.inventory import take_inventory
         from lab.cache_policy.policy import PART_TITLES
@@ -806,8 +805,7 @@ def cache_prune(
                                                    "long (such as 7d, 12h, 90m).", show_default=False)] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Free space, least recently used first: down to the cap, or with --older-than / --all more.
-    Never touches images or containers the lab did not make, nor what is in use."""
+    """Free space, least recently used first (never what is in use or what the lab did not make)."""
     def body() -> None:
         from lab.cache_policy.inventory import prune
         from lab.cache_policy.policy import parse_duration
