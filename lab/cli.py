@@ -104,8 +104,8 @@ _COMMON = [inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=
            inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=DebugOpt)]
 
 
-def command(*args, **kwargs) -> Callable[[Callable], Callable]:
-    """`app.command`, with -v/-q/--debug added to the command's own options."""
+def command(*args, group: typer.Typer | None = None, **kwargs) -> Callable[[Callable], Callable]:
+    """`app.command` (or `group.command`), with -v/-q/--debug added to the command's own options."""
     def register(fn: Callable) -> Callable:
         signature = inspect.signature(fn, eval_str=True)
 
@@ -116,7 +116,7 @@ def command(*args, **kwargs) -> Callable[[Callable], Callable]:
 
         wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[*signature.parameters.values(), *_COMMON])
-        return app.command(*args, **kwargs)(wrapper)
+        return (group or app).command(*args, **kwargs)(wrapper)
     return register
 
 
@@ -169,11 +169,12 @@ def _guard(fn: Callable[[], None], check: bool = False) -> None:
 def _bad_input(error: LabError) -> bool:
     """Errors about what the user gave (a bundle, a release range), not about the infrastructure."""
     from lab.build.releases import ReleaseError
+    from lab.cache_policy.policy import CacheInputError
     from lab.core.errors import ResultError
     from lab.core.safetar import BundleError
     from lab.drivers.bisect import BisectError
     from lab.history.index import HistoryError
-    return isinstance(error, (BundleError, ReleaseError, BisectError, ResultError, HistoryError))
+    return isinstance(error, (BundleError, ReleaseError, BisectError, ResultError, HistoryError, CacheInputError))
 
 
 # ----------------------------------------------------------------------------- settings and scenarios
@@ -226,7 +227,7 @@ class Progress:
     """Progress of long work on stderr: build steps stay on screen, the rest updates one status line
     (no status line with -q; with -v every message stays on screen)."""
 
-    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site")
+    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache")
 
     def __init__(self) -> None:
         self._status = None if _OUTPUT.quiet else err.status("starting", spinner="dots")
@@ -513,7 +514,9 @@ def bisect_cmd(
             colour = _COLOURS.get(probe.verdict, "bold")
             note = " (from an earlier run)" if reused else ""
             why = probe.evidence or probe.reason
-            err.print(f"  torch {escape(probe.version)}: [{colour}]{probe.verdict}[/]{note}"
+            took = (f" ({probe.total_s:.0f} s: build {probe.build_s or 0:.0f} s, run {probe.run_s or 0:.0f} s)"
+                    if probe.total_s is not None and not reused else "")
+            err.print(f"  torch {escape(probe.version)}: [{colour}]{probe.verdict}[/]{note}{took}"
                       + (f" - {escape(why[:140])}" if why else ""))
 
         try:
@@ -838,6 +841,81 @@ def clean() -> None:
         from lab.engine.docker_engine import Engine
         containers, images = Engine.connect().remove_managed()
         err.print(f"removed {containers} containers and {images} images labelled by the lab")
+    _guard(body)
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="The lab's cache: what it holds, its cap, and pruning it.")
+app.add_typer(cache_app, name="cache")
+
+
+def _cache_engine():
+    """The engine, or None (and a warning) when it does not answer: disk parts are still shown."""
+    from lab.engine.docker_engine import Engine
+    try:
+        return Engine.connect()
+    except EngineError as e:
+        err.print(f"[yellow]warning:[/] images left out: {escape(str(e))}")
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+@command("info", group=cache_app)
+def cache_info(as_json: JsonOpt = False) -> None:
+    """Show each part of the cache (images, bases, site trees, uv's wheels, release index), its size, and the cap."""
+    def body() -> None:
+        from lab.cache_policy.inventory import take_inventory
+        from lab.cache_policy.policy import PART_TITLES
+        inv = take_inventory(_cache_engine())
+        if as_json:
+            out.print(json.dumps(inv.as_json()), markup=False)
+            return
+        table = Table("part", "size", "entries", "in use")
+        sizes = inv.part_sizes()
+        for part, size in sizes.items():
+            entries = [e for e in inv.entries if e.part == part]
+            table.add_row(PART_TITLES[part], _gib(size), str(len(entries)), str(sum(bool(e.in_use) for e in entries)))
+        out.print(table)
+        state = "[red]over the cap[/]" if inv.total > inv.cap else "under the cap"
+        out.print(f"total {_gib(inv.total)} of a cap of {_gib(inv.cap)} ({escape(inv.cap_source)}): {state}; "
+                  f"{_gib(inv.free)} free at {escape(str(inv.root))}")
+        out.print("sizes: files once per inode (hard links counted once); images by what removing each frees, "
+                  f"plus {_gib(inv.shared_image_bytes)} of layers they share, counted once", markup=False)
+        for note in inv.notes:
+            out.print(f"note: {escape(note)}")
+    _guard(body)
+
+
+@command("prune", group=cache_app)
+def cache_prune(
+    everything: Annotated[bool, typer.Option("--all", help="Remove everything of the lab's that is not in "
+                                             "use, not only what exceeds the cap.")] = False,
+    older_than: Annotated[str | None, typer.Option("--older-than", help="Remove what was not used for this "
+                                                   "long (such as 7d, 12h, 90m).", show_default=False)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Free space, least recently used first (never what is in use or what the lab did not make)."""
+    def body() -> None:
+        from lab.cache_policy.inventory import prune
+        from lab.cache_policy.policy import parse_duration
+        age = parse_duration(older_than) if older_than is not None else None
+        engine = _cache_engine()
+        with Progress() as progress:
+            pruned = prune(engine, everything=everything, older_than=age, events=progress)
+        for e in pruned.removed:
+            err.print(f"removed {e.part} {escape(e.name)} ({_gib(e.size)})")
+        for note in pruned.notes:
+            err.print(f"note: {escape(note)}")
+        left = pruned.before.total - pruned.freed
+        err.print(f"freed {_gib(pruned.freed)}; the cache holds about {_gib(left)} of a cap of "
+                  f"{_gib(pruned.before.cap)}")
+        if as_json:
+            out.print(json.dumps({"removed": [{"part": e.part, "name": e.name, "bytes": e.size}
+                                              for e in pruned.removed],
+                                  "freed_bytes": pruned.freed, "total_bytes": left,
+                                  "cap_bytes": pruned.before.cap, "notes": list(pruned.notes)}), markup=False)
     _guard(body)
 
 

@@ -45,7 +45,7 @@ class Check:
 
 def run_checks(runs_root: Path) -> list[Check]:
     engine_check, engine = _engine()
-    return [engine_check, _binfmt(engine), _gpu(engine), _disk(runs_root), _ca_bundle(), _bootstrap()]
+    return [engine_check, _binfmt(engine), _gpu(engine), _disk(runs_root, engine), _ca_bundle(), _bootstrap()]
 
 
 def _engine():
@@ -188,18 +188,29 @@ def _gpu(engine) -> Check:
                  "--runtime=docker`, then restart dockerd")
 
 
-def _disk(runs_root: Path) -> Check:
+def _disk(runs_root: Path, engine=None) -> Check:
+    """Free space where runs, the cache and (on a local engine) Docker's images live; the cache's
+    size at its last count against its cap (`lab cache info` counts it now)."""
+    from lab.cache_policy.inventory import last_count
+    from lab.core.config import current
     where = runs_root if runs_root.exists() else Path.cwd()
-    docker_root = Path("/var/lib/docker")
-    probes = [where] + ([docker_root] if docker_root.exists() else [])
+    cache = current().cache_dir
+    try:
+        docker_root = Path((engine.info().get("DockerRootDir") if engine is not None else None) or "/var/lib/docker")
+    except Exception:  # noqa: BLE001 - the engine check above reports an engine that stopped answering
+        docker_root = Path("/var/lib/docker")
+    probes = [where] + [p for p in (cache, docker_root) if p.exists()]
     worst = min((shutil.disk_usage(p).free, p) for p in probes)
     free_gib = worst[0] / 2**30
+    count = last_count()
+    held = (f"; the lab's cache held {count[0] / 2**30:.1f} GiB of its {count[1] / 2**30:.1f} GiB cap at its "
+            "last count") if count else ""
     if free_gib < MIN_FREE_GIB:
         return Check("disk space", "fail" if free_gib < 5 else "warn",
-                     f"{free_gib:.1f} GiB free at {worst[1]} (a torch image takes 2-8 GiB)",
-                     "free space, or remove the lab's images with `docker image prune` / "
-                     "`docker rmi $(docker images -q torch-repro-lab/case)`")
-    return Check("disk space", "ok", f"{free_gib:.0f} GiB free at {worst[1]}")
+                     f"low: {free_gib:.1f} GiB free at {worst[1]} (a torch image takes 2-8 GiB){held}",
+                     "run `lab cache prune` (or `lab cache prune --older-than 7d`, `--all`), or set a smaller "
+                     "`cache_cap` (see `lab cache info`); the lab removes only what it made")
+    return Check("disk space", "ok", f"{free_gib:.0f} GiB free at {worst[1]}{held}")
 
 
 def _ca_bundle() -> Check:

@@ -16,6 +16,7 @@ from lab.build.hostpip import HostPip
 from lab.build.image import build_image
 from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
 from lab.build.resolve import Case
+from lab.cache_policy import inventory as cache_policy
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
@@ -89,10 +90,22 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     """
     check_gpu(case, engine)
     limits = run_limits(case, allow_network)
+    with cache_policy.lease():  # what this run uses is not evicted while it runs
+        outcome = _run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
+                            compile_debug=compile_debug, collect_env=collect_env, plan=plan, limits=limits)
+        cache_policy.enforce_cap(engine, events)  # after the run, under its lease: never fails the run
+    return outcome
+
+
+def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events, *,
+              run_dir: Path | None, diagnose: bool | None, compile_debug: bool, collect_env: bool,
+              plan: BuildPlan | None, limits: RunLimits) -> RunOutcome:
     clock = _Clock()
     if plan is None:
         with clock("site"):
             plan = plan_build(case, host, events)
+    if plan.site is not None and plan.site.root is not None:
+        cache_policy.note_use(paths=(plan.site.root, cache_dir("uv")))
     started = datetime.now(timezone.utc)
     run_dir = run_dir or report.new_run_dir(runs_root, case, started)
     write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
@@ -110,6 +123,7 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
                                    timings=clock.times(), **record)
             return RunOutcome(run_dir, report.write_results(rec), judgement)
         clock.spent["base"] = image.base_seconds
+        cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
         report.write_scenario(run_dir, case, image.base)
         _save_freeze(engine, image.tag, run_dir)
         with clock("run"):

@@ -17,6 +17,13 @@ DATA = Path(__file__).resolve().parent / "data"
 LAB = [sys.executable, "-m", "lab"]
 
 
+@pytest.fixture(autouse=True)
+def _no_cache_eviction(monkeypatch):
+    """Runs in tests enforce the cache cap like any run; a cap no test reaches keeps them from evicting
+    what others on a shared engine or cache folder use. Tests of eviction set their own cap."""
+    monkeypatch.setenv("LAB_CACHE_CAP", "1000TB")
+
+
 def engine_answers() -> bool:
     try:
         import docker

@@ -204,3 +204,25 @@ def test_check_through_real_runs_reproduced_1_timeout_125(tmp_path):
     assert last_json(sleeper.stdout)["verdict"] == "timeout"
     plain = run_lab("run", str(E2E / "sleeper.yaml"), "--no-diagnose", "--json", "--out", str(runs))
     assert plain.returncode == 0 and last_json(plain.stdout)["verdict"] == "timeout"
+
+
+def test_cache_info_json_lists_every_part_and_the_cap(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "index").mkdir(parents=True)
+    (cache / "index" / "torch.json").write_bytes(b"x" * 10000)
+    proc = run_lab("cache", "info", "--json", env={"LAB_CACHE_DIR": str(cache), "LAB_CACHE_CAP": "2GiB"})
+    assert proc.returncode == 0, proc.stderr
+    data = last_json(proc.stdout)
+    parts = {p["part"]: p for p in data["parts"]}
+    assert set(parts) >= {"images", "base_images", "anchors", "site", "uv", "index", "collect_env", "bases", "other"}
+    assert parts["index"]["bytes"] >= 10000 and data["cap_bytes"] == 2 * 1024**3
+    assert data["cache_dir"] == str(cache) and "cache_cap" in data["cap_source"]
+
+
+@pytest.mark.parametrize("args, env, needle", [
+    (["cache", "prune", "--older-than", "7 parsecs"], {}, "--older-than"),
+    (["cache", "info"], {"LAB_CACHE_CAP": "a lot"}, "cache_cap"),
+])
+def test_cache_bad_input_is_one_paragraph_and_exit_2(tmp_path, args, env, needle):
+    proc = run_lab(*args, env={"LAB_CACHE_DIR": str(tmp_path / "cache"), **env})
+    assert_one_paragraph_error(proc, needle)

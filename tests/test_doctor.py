@@ -150,3 +150,21 @@ def test_arm64_containers_run_under_qemu_10_or_newer(tmp_path):
     check = _binfmt_through_engine(engine)
     assert check.status == "ok", check
     assert int(check.version.split(".")[0]) >= 10, check
+
+
+def test_low_free_disk_warns_with_the_cache_prune_fix(tmp_path, monkeypatch):
+    import shutil as real_shutil
+    from collections import namedtuple
+
+    from lab import doctor
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda p: usage(100 * 2**30, 88 * 2**30, 12 * 2**30))
+    check = doctor._disk(tmp_path)
+    assert check.status == "warn" and "low: 12.0 GiB free" in check.detail and "lab cache prune" in check.fix
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda p: usage(100 * 2**30, 97 * 2**30, 3 * 2**30))
+    assert doctor._disk(tmp_path).status == "fail"
+    monkeypatch.setattr(doctor.shutil, "disk_usage", real_shutil.disk_usage)
+    (tmp_path / "cache" / "last-count.json").write_text('{"at": 1, "total": 3221225472, "cap": 10737418240}')
+    assert "held 3.0 GiB of its 10.0 GiB cap" in doctor._disk(tmp_path).detail

@@ -116,8 +116,9 @@ KEYS: tuple[Key, ...] = (
         "the folder of host-side caches (base rootfs, release lists, uv's wheels, cross-installed sites)",
         is_path=True),
     Key("cache_cap", "LAB_CACHE_CAP", ByteSize | None, None,
-        "the most the cache may hold, such as \"50GiB\"",
-        later="cache eviction (not built yet: today nothing is evicted)"),
+        "the most the cache (the lab's images and everything under cache_dir) may hold, such as \"50GiB\"; "
+        "enforced after each run and bisect probe, least recently used first (default: 30 GiB or a quarter "
+        "of the free disk plus the cache, whichever is smaller)"),
     Key("default_arch", "LAB_DEFAULT_ARCH", Annotated[Arch, BeforeValidator(_arch)] | None, None,
         "the architecture (amd64 or arm64) picked when a scenario lists several and a command needs one "
         "(render, build, bisect, build-base); `--arch` overrides it"),

@@ -49,6 +49,20 @@ TMP_BYTES = 8 * 1024**3         # the tmpfs at /tmp when memory is unlimited (el
 
 
 @dataclass(frozen=True, slots=True)
+class ImageUsage:
+    """An image the lab made, as the engine's disk-usage report sees it (Engine.managed_images)."""
+
+    image_id: str
+    tags: tuple[str, ...]
+    size: int               # every layer of the image
+    shared: int             # bytes of its layers that other images use too
+    unique: int             # what removing it alone frees
+    created: float          # seconds since the epoch
+    anchor: bool = False    # a layer anchor kept by bisect (Engine.anchor_shared_layers)
+    containers: tuple[str, ...] = ()  # containers (of any origin, in any state) made from it
+
+
+@dataclass(frozen=True, slots=True)
 class RunLimits:
     """How a repro container is confined. The script comes from a bug report: it is untrusted."""
 

@@ -347,6 +347,11 @@ class Probe(Record):
     reason: str = ""
     evidence: str = ""
     run_dir: str | None = None
+    # wall seconds of the probe's run (result.json `timings`): building its image, running the
+    # script, and the whole run; absent when no run happened (a skip before the build)
+    build_s: float | None = None
+    run_s: float | None = None
+    total_s: float | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -363,11 +368,12 @@ class Probe(Record):
 
     @classmethod
     def judged(cls, version: str, verdict: object, reason: str = "", evidence: str = "",
-               run_dir: str | None = None) -> Probe:
+               run_dir: str | None = None, *, build_s: float | None = None, run_s: float | None = None,
+               total_s: float | None = None) -> Probe:
         """A probe from a judge's verdict (`Verdict` or string): the outcome follows from it."""
         raw = str(getattr(verdict, "value", verdict))
         return cls(version=version, verdict=raw, outcome=outcome_of(raw), reason=reason, evidence=evidence,
-                   run_dir=run_dir)
+                   run_dir=run_dir, build_s=build_s, run_s=run_s, total_s=total_s)
 
     @property
     def skipped(self) -> bool:

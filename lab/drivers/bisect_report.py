@@ -56,7 +56,9 @@ class BisectView:
     resume_command: str
     svg: str
     candidate_count: int
-    rows: tuple[tuple[int, str, str, str, str], ...]  # number, release, verdict, evidence, run folder link
+    rows: tuple[tuple[int, str, str, str, str, str, str, str], ...]  # number, release, verdict, evidence,
+    #                                                 run folder link, build, run, total (formatted seconds)
+    wall: str   # the summary line of the probes' times ("" when no probe has any)
     notes: tuple[str, ...]
     candidates: str
     untested_count: int
@@ -73,10 +75,36 @@ def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectR
         status=result.status, summary=_md(result.summary), resume_command=resume_command, svg=SVG_NAME,
         candidate_count=len(candidates),
         rows=tuple((n, _cell(probe.version), _cell(_verdict(probe, result)),
-                    _cell(_one_line(probe.evidence or probe.reason)), _run_link(folder, probe.run_dir))
+                    _cell(_one_line(probe.evidence or probe.reason)), _run_link(folder, probe.run_dir),
+                    _seconds(probe.build_s), _seconds(probe.run_s), _seconds(probe.total_s))
                    for n, probe in enumerate(result.steps, 1)),
+        wall=wall_summary(result.steps),
         notes=tuple(_md(note) for note in result.notes), candidates=_md(", ".join(candidates)),
         untested_count=len(untested), untested=_md(", ".join(untested))))
+
+
+def wall_summary(steps: Sequence[Probe]) -> str:
+    """One line: the probes' total wall time, and how much of it went to builds and to runs."""
+    timed = [p for p in steps if p.total_s is not None]
+    if not timed:
+        return ""
+    total = sum(p.total_s or 0.0 for p in timed)
+    build = sum(p.build_s or 0.0 for p in timed)
+    run = sum(p.run_s or 0.0 for p in timed)
+    share = (lambda part: f" ({100 * part / total:.0f}%)") if total > 0 else (lambda part: "")
+    probes = f"{len(timed)} probe" + ("s" if len(timed) != 1 else "")
+    rest = _seconds(max(total - build - run, 0.0))
+    return (f"Wall time of {probes} with a run: {_seconds(total)}; builds {_seconds(build)}{share(build)}, "
+            f"runs {_seconds(run)}{share(run)}, the rest (analysis, records) {rest}.")
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value < 60:
+        return f"{value:.1f} s"
+    minutes, seconds = divmod(round(value), 60)
+    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def _verdict(probe: Probe, result: BisectResult) -> str:

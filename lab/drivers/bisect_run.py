@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from lab.build import releases
 from lab.build.hostpip import HostPip
 from lab.build.resolve import base_python, parse_arch, resolve
+from lab.cache_policy import inventory as cache_policy
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
 from lab.core.results import RESULT_NAME, RunResult, read_result
@@ -131,6 +132,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                 events("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
                 engine.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
                 engine.remove_image(image.tag)
+            cache_policy.enforce_cap(engine, events, force=True)  # never raises: a problem is an event
         except EngineError:
             raise  # the engine itself is gone: nothing else can run either
         except LabError as exc:  # this release cannot be set up here: a skip, never a boundary
@@ -139,7 +141,11 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             on_probe(p, False)
         return p
 
-    result = bisect(found, probe).model_copy(update={
+    # One lease for the whole bisection: what its probes use (anchors, sites, uv's wheels) stays
+    # while it runs; the runs leave the cap to the probe loop above.
+    with cache_policy.lease(), cache_policy.deferred():
+        searched = bisect(found, probe)
+    result = searched.model_copy(update={
         "scenario": scenario.name, "arch": arch, "candidates": tuple(found), "folder": str(folder),
         "resume": resume})
     write_bisect_report(folder, scenario.name, arch, result, found, resume)
@@ -158,4 +164,7 @@ def _finished(run_dir: Path) -> RunResult | None:
 
 def _probe_from(version: str, result: RunResult, run_dir: Path) -> Probe:
     evidence = "; ".join(result.summary[:2])
-    return Probe.judged(version, result.verdict, reason=result.reason, evidence=evidence, run_dir=str(run_dir))
+    t = result.timings
+    return Probe.judged(version, result.verdict, reason=result.reason, evidence=evidence, run_dir=str(run_dir),
+                        build_s=t.build_s if t else None, run_s=t.run_s if t else None,
+                        total_s=t.total_s if t else None)

@@ -30,6 +30,7 @@ from lab.core.records import (
     STOPPED_OUT_FULL,
     STREAM_TAIL_BYTES,
     Events,
+    ImageUsage,
     OutputCopy,
     RawRun,
     RunLimits,
@@ -386,6 +387,48 @@ class Engine:
             return False
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine could not remove {ref}: {_short(exc)}") from None
+
+    def managed_images(self) -> list[ImageUsage]:
+        """Every image the lab made (its label, or a layer anchor's repository), with its sizes and
+        the containers of any origin that use it. Sizes come from the engine's disk usage report:
+        `unique` is what removing the image alone would free, `shared` what it shares with others."""
+        try:
+            report = self.client.api.df()
+        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+            raise EngineError(f"the engine did not report its disk usage: {_short(exc)}") from None
+        in_use: dict[str, list[str]] = {}
+        for c in report.get("Containers") or []:
+            in_use.setdefault(c.get("ImageID") or "", []).append(
+                f"{(c.get('Names') or ['?'])[0].lstrip('/')} ({c.get('State') or 'unknown'})")
+        found = []
+        for img in report.get("Images") or []:
+            labels = img.get("Labels") or {}
+            tags = tuple(t for t in (img.get("RepoTags") or []) if t != "<none>:<none>")
+            anchor = any(t.startswith(LAYERS_REPO + ":") for t in tags)
+            if labels.get(LABEL) != "true" and not anchor:
+                continue
+            size = int(img.get("Size") or 0)
+            shared = max(int(img.get("SharedSize") or 0), 0)
+            found.append(ImageUsage(
+                image_id=img["Id"], tags=tags, size=size, shared=shared, unique=max(size - shared, 0),
+                created=float(img.get("Created") or 0), anchor=anchor,
+                containers=tuple(in_use.get(img["Id"], ()))))
+        return found
+
+    def remove_unused_image(self, image: ImageUsage) -> bool:
+        """Remove one image the lab made, tag by tag, never by force: the engine refuses while a
+        container uses it. False when the engine refused or it was gone."""
+        refs = list(image.tags) or [image.image_id]
+        removed = False
+        for ref in refs:
+            try:
+                self.client.images.remove(ref, noprune=False)
+                removed = True
+            except docker.errors.ImageNotFound:
+                continue
+            except docker.errors.APIError:
+                return False
+        return removed
 
     def managed_containers(self) -> list[str]:
         return [c.name for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}=true"})]

@@ -15,14 +15,20 @@ VERSIONS = ["2.5.1", "2.6.0", "2.7.0", "2.7.1", "2.8.0", "2.9.0", "2.9.1", "2.10
 RESUME = "lab bisect libgomp-aarch64 --from 2.5.1 --to 2.15.0 --arch arm64"
 
 
-def fake(verdicts: dict[str, str], runs: Path | None = None):
+def fake(verdicts: dict[str, str], runs: Path | None = None, timed: bool = False):
+    """Probes from a verdict per release; `timed`: with fixed, made-up stage times (as result.json's)."""
     def probe(version: str) -> Probe:
         verdict = verdicts[version]
         reason = "crashed under emulation; confirm on native arm64" if verdict == "error" else ""
         evidence = {"reproduced": "duplicate libgomp:\n torch.libs/libgomp-a34b3233.so.1 | /lib/libgomp.so.1",
                     "not_reproduced": "one libgomp"}.get(verdict, "")
         run_dir = str(runs / f"libgomp-aarch64[torch={version}]") if runs else None
-        return Probe.judged(version, verdict, reason=reason, evidence=evidence, run_dir=run_dir)
+        times = {}
+        if timed:
+            i = VERSIONS.index(version)
+            build, run = 30.0 + 7 * i, 45.5 + (i % 3)
+            times = {"build_s": build, "run_s": run, "total_s": build + run + 2.25}
+        return Probe.judged(version, verdict, reason=reason, evidence=evidence, run_dir=run_dir, **times)
     return probe
 
 

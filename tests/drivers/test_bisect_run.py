@@ -11,7 +11,7 @@ import pytest
 
 from lab.build.hostpip import HostPip
 from lab.core.errors import BuildError, EngineError, ResultError, ScenarioError
-from lab.core.results import BisectResult, ImageRef, Judgement, read_result
+from lab.core.results import BisectResult, ImageRef, Judgement, StageTimes, read_result
 from lab.drivers import bisect_run
 from lab.pipeline import RunOutcome
 from tests.conftest import DATA, fake_result, tiny_scenario
@@ -35,7 +35,9 @@ class FakeRuns:
         if isinstance(answer, Exception):
             raise answer
         image = ImageRef(tag=f"torch-repro-lab/case:b-{case.torch}", id="sha256:00", cached=False)
-        result = fake_result(case, answer, run_dir, summary=[f"evidence for {case.torch}"], image=image)
+        timings = StageTimes(build_s=10.0 + len(self.ran), run_s=20.0, analyze_s=0.5, total_s=31.0 + len(self.ran))
+        result = fake_result(case, answer, run_dir, summary=[f"evidence for {case.torch}"], image=image,
+                             timings=timings)
         result.write(run_dir / "result.json")
         return RunOutcome(run_dir, result, Judgement(verdict=result.verdict, reason=result.reason))
 
@@ -175,3 +177,16 @@ def test_probe_results_read_back_through_the_model(setup):
     for version in fake.ran:
         result = read_result(run.folder / f"torch{version}")
         assert result.verdict.value == "not_reproduced" and result.torch == version
+
+
+def test_each_probe_carries_its_build_run_and_total_time(setup):
+    go, tmp_path = setup
+    run, fake = go({"2.3.0": "not_reproduced", "2.3.1": "not_reproduced", "2.4.0": "reproduced",
+                    "2.4.1": "reproduced", "2.5.0": "reproduced"})
+    steps = {s.version: s for s in run.result.steps}
+    first = steps["2.3.0"]
+    assert (first.build_s, first.run_s, first.total_s) == (11.0, 20.0, 32.0)
+    saved = BisectResult.model_validate_json((run.folder / "bisect.json").read_text())
+    assert [s.total_s for s in saved.steps] == [s.total_s for s in run.result.steps]
+    md = (run.folder / "bisect.md").read_text()
+    assert "| build | run | total |" in md and "Wall time of" in md

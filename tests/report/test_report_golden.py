@@ -150,7 +150,8 @@ def test_capture_cuts_skipped_outputs_and_emulator_crash(tmp_path):
 
 def test_bisect_found_with_skips(tmp_path):
     out = tmp_path / "bisect-run"
-    result = bisect(VERSIONS, fake(regression("2.9.0", errors=("2.13.0", "2.14.0", "2.15.0")), out / "runs"))
+    result = bisect(VERSIONS, fake(regression("2.9.0", errors=("2.13.0", "2.14.0", "2.15.0")), out / "runs",
+                                       timed=True))
     _check("bisect-skips.md", write_bisect_report(out, "libgomp-aarch64", "arm64", result, VERSIONS,
                                                   RESUME).read_text())
 

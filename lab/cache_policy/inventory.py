@@ -1,0 +1,461 @@
+"""Taking stock of the cache, removing entries, and enforcing the cap after runs and bisect probes.
+
+What counts as "in use" (never removed, not even by `lab cache prune --all`):
+
+- an image that any container (of any origin, running or stopped) was made from;
+- anything used since the start of a lab run or bisection still in progress. Each holds a lease,
+  `<cache_dir>/leases/<pid>-<start ns>.lease` (its mtime is the start), for as long as it runs, and
+  marks what it uses when it uses it: the site tree and uv's cache get their mtime touched, an image a
+  stamp `<cache_dir>/stamps/<image id>` (lab.pipeline calls `note_use`). A lease whose process is
+  gone is ignored and deleted;
+- a site tree whose `<key>.lock` is held (it is being made).
+
+Sizes: files are counted once per inode, so a site tree hard-linked to uv's cache is not counted
+twice; an entry's size is what removing it frees (an inode with links outside the entry stays).
+Images: each image's unique size (what removing it frees), plus the layers they share counted once,
+taken as the largest shared size among them (exact when the images share one stem, as a scenario's
+images do over a base).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from lab.cache_policy.policy import PARTS, Entry, choose, default_cap
+from lab.core.config import current
+from lab.core.errors import LabError
+from lab.core.records import Events, ImageUsage, no_events
+
+LEASES, STAMPS, LAST_COUNT = "leases", "stamps", "last-count.json"
+_OWN = (LEASES, STAMPS, LAST_COUNT)    # the lab's bookkeeping: counted, never evicted
+# The full count walks the cache folder (about 190,000 files, 3-8 s, for 11 GiB here): after a run it
+# is made again only when the last one is older than this, or found the cache over this share of its cap.
+RECOUNT_S = 600.0
+RECOUNT_SHARE = 0.75
+_SLACK_S = 5.0                         # clock granularity between a lease's start and a use
+BASE_REPO = "torch-repro-lab/debian"   # lab.build.base.BOOTSTRAP_REPO (a later layer)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    root: Path
+    entries: tuple[Entry, ...]
+    total: int                      # disk files counted once per inode, plus images
+    cap: int
+    cap_source: str                 # "cache_cap (<where>)" or how the default was reached
+    free: int                       # free bytes on the cache folder's disk
+    shared_image_bytes: int = 0     # layers the lab's images share, counted once
+    notes: tuple[str, ...] = ()     # what could not be looked at (the engine did not answer, ...)
+
+    def part_sizes(self) -> dict[str, int]:
+        sizes = dict.fromkeys(PARTS, 0)
+        for e in self.entries:
+            sizes[e.part] += e.size
+        sizes["images"] += self.shared_image_bytes
+        return sizes
+
+    def as_json(self) -> dict:
+        sizes = self.part_sizes()
+        return {"cache_dir": str(self.root), "total_bytes": self.total, "cap_bytes": self.cap,
+                "cap_source": self.cap_source, "free_bytes": self.free, "over_cap": self.total > self.cap,
+                "parts": [{"part": p, "bytes": sizes[p], "entries": sum(e.part == p for e in self.entries)}
+                          for p in PARTS],
+                "entries": [{"part": e.part, "name": e.name, "bytes": e.size, "last_used": e.last_used,
+                             "in_use": e.in_use} for e in self.entries],
+                "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class Pruned:
+    removed: tuple[Entry, ...]
+    freed: int
+    before: Inventory
+    notes: tuple[str, ...] = ()
+
+
+# ----------------------------------------------------------------------------- leases and stamps
+
+def _root() -> Path:
+    return current().cache_dir
+
+
+def _own_dir(name: str) -> Path:
+    path = _root() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def lease() -> Iterator[None]:
+    """Hold a lease while a run or a bisection goes on: what it uses is not evicted meanwhile."""
+    path = None
+    with contextlib.suppress(OSError):
+        path = _own_dir(LEASES) / f"{os.getpid()}-{time.time_ns()}.lease"
+        path.write_text(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def note_use(paths: tuple[Path, ...] = (), image_ids: tuple[str, ...] = ()) -> None:
+    """Mark cache folders and images as used now (for least-recently-used eviction and leases)."""
+    for p in paths:
+        with contextlib.suppress(OSError):
+            os.utime(p)
+    for image_id in image_ids:
+        with contextlib.suppress(OSError):
+            stamp = _own_dir(STAMPS) / _stamp_name(image_id)
+            stamp.touch()
+            os.utime(stamp)
+
+
+def _stamp_name(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:64]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def live_leases(root: Path) -> list[tuple[int, float]]:
+    """(pid, start) of every lease whose process still runs; stale ones are deleted."""
+    found = []
+    folder = root / LEASES
+    for path in sorted(folder.glob("*.lease")) if folder.is_dir() else ():
+        try:
+            pid = int(path.name.split("-")[0])
+            start = path.stat().st_mtime
+        except (ValueError, OSError):
+            continue
+        if _alive(pid):
+            found.append((pid, start))
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return found
+
+
+# ----------------------------------------------------------------------------- the disk
+
+@dataclass
+class _Walk:
+    """Sizes counted once per inode: who holds each link."""
+
+    inodes: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # -> (bytes, nlink)
+
+    def entry(self, paths: list[Path]) -> tuple[int, float]:
+        """(bytes removing `paths` frees, newest mtime among them)."""
+        links: dict[tuple[int, int], int] = {}
+        newest = 0.0
+        for top in paths:
+            try:
+                st = os.lstat(top)
+            except OSError:
+                continue
+            newest = max(newest, st.st_mtime)
+            if stat.S_ISDIR(st.st_mode):
+                newest = max(newest, self._tree(str(top), links))
+            else:
+                self._file(st, links)
+        frees = sum(self.inodes[k][0] for k, n in links.items() if n >= self.inodes[k][1])
+        return frees, newest
+
+    def _file(self, st: os.stat_result, links: dict[tuple[int, int], int]) -> None:
+        key = (st.st_dev, st.st_ino)
+        self.inodes[key] = (st.st_blocks * 512, st.st_nlink)
+        links[key] = links.get(key, 0) + 1
+
+    def _tree(self, folder: str, links: dict[tuple[int, int], int]) -> float:
+        newest = 0.0
+        stack = [folder]
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    for item in it:
+                        try:
+                            st = item.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        newest = max(newest, st.st_mtime)
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append(item.path)
+                        else:
+                            self._file(st, links)
+            except OSError:
+                continue
+        return newest
+
+    def total(self) -> int:
+        return sum(size for size, _ in self.inodes.values())
+
+
+def _lock_held(lock: Path) -> bool:
+    if not lock.exists():
+        return False
+    try:
+        FileLock(str(lock)).acquire(timeout=0).lock.release()
+    except Timeout:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def disk_entries(root: Path, walk: _Walk) -> list[Entry]:
+    entries: list[Entry] = []
+    if not root.is_dir():
+        return entries
+
+    def add(part: str, name: str, paths: list[Path], in_use: str | None = None) -> None:
+        size, newest = walk.entry(paths)
+        entries.append(Entry(part, name, size, newest, in_use, ref=tuple(paths)))
+
+    for top in sorted(root.iterdir()):
+        name = top.name
+        if name == "site" and top.is_dir():
+            keys = sorted({p.name.split(".")[0] for p in top.iterdir()})
+            for key in keys:
+                paths = sorted(p for p in top.iterdir() if p.name.split(".")[0] == key)
+                lock = top / f"{key}.lock"
+                add("site", key, paths, "being made (its lock is held)" if _lock_held(lock) else None)
+        elif name == "bases" and top.is_dir():
+            for work in sorted(top.iterdir()):
+                add("bases", work.name, [work])
+        elif name in ("uv", "index", "collect_env"):
+            add(name, name, [top])
+        elif name in _OWN:
+            add("other", name, [top], "the lab's own bookkeeping")
+        else:
+            add("other", name, [top], "not one of the lab's parts: `lab cache prune` leaves it")
+    return entries
+
+
+# ----------------------------------------------------------------------------- images
+
+def image_entries(images: list[ImageUsage], stamps: Path) -> tuple[list[Entry], int]:
+    entries = []
+    for img in images:
+        stamp = stamps / _stamp_name(img.image_id)
+        try:
+            used = max(img.created, stamp.stat().st_mtime)
+        except OSError:
+            used = img.created
+        part = ("anchors" if img.anchor else
+                "base_images" if any(t.startswith(BASE_REPO + ":") for t in img.tags) else "images")
+        why = f"used by container {', '.join(img.containers)}" if img.containers else None
+        name = ", ".join(img.tags) or img.image_id[:19]
+        entries.append(Entry(part, name, img.unique, used, why, ref=img))
+    shared = max((img.shared for img in images), default=0)
+    return entries, shared
+
+
+# ----------------------------------------------------------------------------- stock, prune, enforce
+
+def take_inventory(engine=None, now: float | None = None,
+                   only: Callable[[ImageUsage], bool] | None = None) -> Inventory:
+    """What the cache holds now. `engine` None (or one that fails) leaves the images out, with a note.
+    `only` narrows the images considered (tests on a shared engine look at their own images only)."""
+    settings = current()
+    root = settings.cache_dir
+    now = time.time() if now is None else now
+    walk = _Walk()
+    entries = disk_entries(root, walk)
+    notes: list[str] = []
+    shared = 0
+    if engine is not None:
+        try:
+            managed = [i for i in engine.managed_images() if only is None or only(i)]
+            images, shared = image_entries(managed, root / STAMPS)
+            entries += images
+        except LabError as exc:
+            notes.append(f"images left out: {exc}")
+        except Exception as exc:  # noqa: BLE001 - an engine that cannot list images leaves them out
+            notes.append(f"images left out: {type(exc).__name__}: {exc}")
+    else:
+        notes.append("images left out: no Docker engine")
+    leases = live_leases(root)
+    if leases:
+        since = min(start for _, start in leases) - _SLACK_S
+        pids = ", ".join(str(pid) for pid, _ in leases)
+        entries = [e if e.in_use or e.last_used < since else
+                   Entry(e.part, e.name, e.size, e.last_used, f"used by a lab run in progress (pid {pids})", e.ref)
+                   for e in entries]
+    total = walk.total() + sum(e.size for e in entries if e.part in ("images", "anchors", "base_images")) + shared
+    free = _free(root)
+    cap = settings["cache_cap"]
+    if cap is not None:
+        cap_source = f"cache_cap ({settings.origins['cache_cap']})"
+    else:
+        cap = default_cap(free, total)
+        cap_source = "default: 30 GiB or a quarter of the free disk plus the cache, whichever is smaller"
+    entries.sort(key=lambda e: (PARTS.index(e.part), e.name))
+    return Inventory(root, tuple(entries), total, int(cap), cap_source, free, shared, tuple(notes))
+
+
+def _free(root: Path) -> int:
+    for p in (root, *root.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return 0
+    return 0
+
+
+def prune(engine=None, *, everything: bool = False, older_than: float | None = None,
+          cap: int | None = None, now: float | None = None, events: Events = no_events,
+          only: Callable[[ImageUsage], bool] | None = None) -> Pruned:
+    """Remove what the policy chooses; without `everything` or `older_than`, down to the cap."""
+    now = time.time() if now is None else now
+    inv = take_inventory(engine, now, only)
+    chosen = choose(inv.entries, total=inv.total, cap=inv.cap if cap is None else cap, now=now,
+                    older_than=older_than, everything=everything)
+    removed, freed, notes = [], 0, list(inv.notes)
+    for e in chosen:
+        problem = _remove(e, engine)
+        if problem:
+            notes.append(f"{e.part} {e.name}: {problem}")
+            continue
+        events("cache", f"removed {e.part} {e.name} ({_gib(e.size)})")
+        removed.append(e)
+        freed += e.size
+    if removed:
+        _forget_stamps(inv.root, engine)
+    return Pruned(tuple(removed), freed, inv, tuple(notes))
+
+
+def _remove(e: Entry, engine) -> str | None:
+    if isinstance(e.ref, ImageUsage):
+        if engine is None:
+            return "no engine"
+        try:
+            return None if engine.remove_unused_image(e.ref) else "the engine did not remove it (in use?)"
+        except LabError as exc:
+            return str(exc)
+    paths: tuple[Path, ...] = e.ref or ()  # type: ignore[assignment]
+    lock = None
+    if e.part == "site" and paths:
+        lock = FileLock(str(paths[0].parent / f"{e.name}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return "being made (its lock is held)"
+    try:
+        for p in paths:
+            if p.name.endswith(".lock"):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+    except OSError as exc:
+        return f"could not be removed: {exc}"
+    finally:
+        if lock is not None:
+            lock.release()
+    return None
+
+
+def _forget_stamps(root: Path, engine) -> None:
+    """Stamps of images that are gone."""
+    if engine is None or not (root / STAMPS).is_dir():
+        return
+    with contextlib.suppress(LabError, OSError):
+        present = {_stamp_name(i.image_id) for i in engine.managed_images()}
+        for stamp in (root / STAMPS).iterdir():
+            if stamp.name not in present:
+                stamp.unlink(missing_ok=True)
+
+
+# The bisect driver enforces once per probe, after removing the probe's image; the runs it makes
+# leave it to the driver.
+_DEFERRED: list[bool] = []
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    _DEFERRED.append(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.pop()
+
+
+def due(root: Path, now: float, cap: int | None = None) -> bool:
+    """Whether the cap needs a full count now (see RECOUNT_S); `cap` the configured one (None: the
+    default, as last computed)."""
+    try:
+        last = json.loads((root / LAST_COUNT).read_text())
+        at, total, last_cap = float(last["at"]), int(last["total"]), int(last["cap"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return not (0 <= now - at < RECOUNT_S) or total > RECOUNT_SHARE * (last_cap if cap is None else cap)
+
+
+def last_count() -> tuple[int, int] | None:
+    """(total, cap) at the last count enforcement made, or None."""
+    try:
+        last = json.loads((current().cache_dir / LAST_COUNT).read_text())
+        return int(last["total"]), int(last["cap"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remember(root: Path, now: float, total: int, cap: int) -> None:
+    with contextlib.suppress(OSError):
+        tmp = root / f"{LAST_COUNT}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"at": now, "total": total, "cap": cap}))
+        tmp.replace(root / LAST_COUNT)
+
+
+def enforce_cap(engine, events: Events = no_events, *, force: bool = False,
+                now: float | None = None) -> Pruned | None:
+    """Bring the cache under its cap. Never raises: a problem becomes a `cache` event. None when
+    deferred (inside a bisection, which enforces per probe) or when no count was due."""
+    if _DEFERRED and not force:
+        return None
+    now = time.time() if now is None else now
+    try:
+        settings = current()
+        root = settings.cache_dir
+        if not due(root, now, settings["cache_cap"]):
+            return None
+        pruned = prune(engine, events=events, now=now)
+        _remember(root, now, pruned.before.total - pruned.freed, pruned.before.cap)
+    except Exception as exc:  # noqa: BLE001 - enforcement must never fail a run
+        events("cache", f"the cache cap was not enforced: {type(exc).__name__}: {exc}")
+        return None
+    for note in pruned.notes:
+        events("cache", f"note: {note}")
+    if pruned.removed:
+        events("cache", f"freed {_gib(pruned.freed)} to stay under the cap of {_gib(pruned.before.cap)}")
+    elif pruned.before.total > pruned.before.cap:
+        events("cache", f"the cache holds {_gib(pruned.before.total)}, over its cap of {_gib(pruned.before.cap)}, "
+                        "and nothing more can be removed now (the rest is in use)")
+    return pruned
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+

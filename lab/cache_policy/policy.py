@@ -1,0 +1,90 @@
+"""The eviction rule, apart from the disk and the engine: given what the cache holds, what to remove.
+
+Least recently used first. An entry in use (a container made from the image, a run of the lab in
+progress that used it) is never chosen, and neither is an entry that frees nothing (a base image or
+a layer anchor while images built on it remain: removing it would only untag it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lab.core.errors import LabError
+
+GiB = 1024**3
+DEFAULT_CAP_MAX = 30 * GiB       # the default cap: this much at most ...
+DEFAULT_CAP_SHARE = 0.25         # ... or a quarter of the disk the cache may use, whichever is smaller
+LOW_FREE_BYTES = 20 * GiB        # `lab doctor` warns under this much free disk
+
+# Parts, in the order `lab cache info` lists them; `--all` removes images before what they are built on.
+PARTS = ("images", "anchors", "base_images", "bases", "site", "uv", "index", "collect_env", "other")
+PART_TITLES = {"images": "images the lab built", "anchors": "layer anchors (kept by bisect)",
+               "base_images": "base images the lab bootstrapped", "bases": "base rootfs (while bootstrapping)",
+               "site": "site trees (cross-installed venvs)", "uv": "uv's wheel cache",
+               "index": "release index", "collect_env": "collect_env answers", "other": "anything else"}
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+
+
+class CacheInputError(LabError):
+    """A bad value given to `lab cache` (such as --older-than)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One thing the cache holds that can be removed as a whole."""
+
+    part: str
+    name: str
+    size: int                 # bytes removing it frees (hard links and shared layers counted where they stay)
+    last_used: float          # seconds since the epoch
+    in_use: str | None = None  # why it must stay, or None
+    ref: object = field(default=None, compare=False, repr=False)  # what the remover needs (a path, an image)
+
+    @property
+    def removable(self) -> bool:
+        return self.in_use is None and self.part != "other"
+
+
+def parse_duration(text: str, option: str = "--older-than") -> float:
+    """'45s', '90m', '12h', '7d', '2w' -> seconds."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise CacheInputError(f"{option}: {text!r} is not a duration.",
+                              hint="Write a number and a unit: s, m, h, d or w, such as 7d or 12h.")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def default_cap(free: int, used: int) -> int:
+    """The cap when `cache_cap` is not set: 30 GiB, or a quarter of what the cache could use (the free
+    disk plus what it already holds), whichever is smaller."""
+    return int(min(DEFAULT_CAP_MAX, DEFAULT_CAP_SHARE * (max(free, 0) + max(used, 0))))
+
+
+def choose(entries: Sequence[Entry], *, total: int, cap: int | None = None, now: float = 0.0,
+           older_than: float | None = None, everything: bool = False) -> list[Entry]:
+    """What to remove, in order.
+
+    - `everything`: every removable entry, images before the anchors and bases they are built on;
+    - `older_than`: every removable entry not used for that long;
+    - else: least recently used first, until the total is at most `cap`.
+    """
+    removable = [e for e in entries if e.removable]
+    if everything:
+        return sorted(removable, key=lambda e: (PARTS.index(e.part), e.last_used, e.name))
+    removable = [e for e in removable if e.size > 0]
+    lru = sorted(removable, key=lambda e: (e.last_used, -e.size, e.name))
+    if older_than is not None:
+        return [e for e in lru if now - e.last_used >= older_than]
+    if cap is None or total <= cap:
+        return []
+    chosen, left = [], total
+    for e in lru:
+        if left <= cap:
+            break
+        chosen.append(e)
+        left -= e.size
+    return chosen
