@@ -799,17 +799,29 @@ def build_base(
     image: Annotated[str, typer.Argument(help="Base image, e.g. debian:bookworm.")] = "debian:bookworm",
     arch: Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (default: the default_arch "
                                              "setting, else amd64).", show_default=False)] = None,
+    packages: Annotated[str | None, typer.Option(
+        "--packages", help="A scenario's system_packages, comma-separated (e.g. g++,python3-dev): a "
+        "bootstrapped base then includes them with the lab's own, as that scenario's runs get it.",
+        show_default=False)] = None,
 ) -> None:
     """Make sure a base image is on the engine (present, pulled, or bootstrapped); print its tag."""
     def body() -> None:
         from lab.build.base import ensure_base
+        from lab.build.render import BASE_PACKAGES
         from lab.build.resolve import parse_arch
+        from lab.core.errors import ScenarioError
         from lab.engine.docker_engine import Engine
-        from lab.scenario.schema import Arch
+        from lab.scenario.schema import Arch, is_debian_package
         default = _settings().default_arch
         chosen = Arch(parse_arch(arch) or (default.value if default else "amd64"))
+        wanted = tuple(p.strip() for p in (packages or "").split(",") if p.strip())
+        for name in wanted:
+            if not is_debian_package(name):
+                raise ScenarioError(f"{name!r} is not a Debian package name.", field="--packages",
+                                    hint="Give names such as g++,python3-dev, separated by commas.")
+        include = tuple(sorted(set(BASE_PACKAGES) | set(wanted))) if wanted else ()
         with Progress() as progress:
-            base = ensure_base(Engine.connect(), image, chosen, progress)
+            base = ensure_base(Engine.connect(), image, chosen, progress, include)
         err.print(f"{base.origin}: {base.ref} ({base.image_id[:19]})")
         out.print(base.ref, markup=False)
     _guard(body)

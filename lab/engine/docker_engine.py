@@ -388,6 +388,15 @@ class Engine:
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine could not remove {ref}: {_short(exc)}") from None
 
+    def image_tags(self, pattern: str) -> list[str]:
+        """The tags of local images whose reference matches `pattern` (the engine's `reference`
+        filter: `*` within a name part), sorted."""
+        try:
+            images = self.client.images.list(filters={"reference": pattern})
+        except docker.errors.APIError:
+            return []
+        return sorted(t for image in images for t in image.tags)
+
     def managed_images(self) -> list[ImageUsage]:
         """Every image the lab made (its label, or a layer anchor's repository), with its sizes and
         the containers of any origin that use it. Sizes come from the engine's disk usage report:
