@@ -74,7 +74,8 @@ def run_attack(tmp_path: Path, name: str, script: str, extra: str = "", *args: s
     run_dir = Path(result["run_dir"])
     assert snapshot(folder) == before, "the canary folder outside the run folder changed"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["canary", "runs", "scenario"]
-    assert [p.name for p in (tmp_path / "runs").iterdir()] == [name]
+    # the run folder, and the runs folder's history index (lab.history), which records it
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith("index.sqlite3")) == [name]
     assert list((tmp_path / "runs" / name).iterdir()) == [run_dir]
     for path in [run_dir, *run_dir.rglob("*")]:
         kind = stat.S_IFMT(path.lstat().st_mode)
@@ -109,7 +110,8 @@ print("planted", flush=True)
 def test_links_hardlinks_and_fifos_in_outputs_are_never_followed_or_made(tmp_path):
     """The same script runs twice: as the scenario (/out -> out/) and in the diagnose step
     (/out -> diagnose/, next to the lab's own stdout.txt and diagnostics.json)."""
-    result, run_dir = run_attack(tmp_path, "attack-links", LINKS, "timeout: 300\nexpect:\n  stdout_contains: planted\n")
+    result, run_dir = run_attack(tmp_path, "attack-links", LINKS, "timeout: 300\nexpect:\n  stdout_contains: planted\n",
+                                 "--diagnose")
     assert result["verdict"] == "reproduced", result
     skipped = {(s["path"], s["kind"]) for s in result["capture"]["out"]["skipped"]}
     assert {("stdout.txt", "symbolic link"), ("ld/ld.1", "symbolic link"), ("ld/root", "symbolic link"),
