@@ -10,36 +10,26 @@ label escaped by `dot`) and the bisection timeline (lab.drivers.bisect_report es
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-import jinja2
 from markupsafe import Markup
 
 from lab.analyze.evidence import read_text
 from lab.analyze.loader import canonical_path
 from lab.core.errors import LabError
-from lab.core.resources import traversable_loader
 from lab.core.results import BisectResult, EvidenceRecord, MatrixResult, RunResult, read_document, read_result
+from lab.report import markdown
 from lab.report.loader_graph import NO_DOT, Edge, draw, graph_of_run
 
 HTML_NAME = "report.html"
 _LOG_TAIL_LINES = 400
 
 
-@functools.cache
-def _environment() -> jinja2.Environment:
-    root = importlib.resources.files("lab.report").joinpath("templates")
-    return jinja2.Environment(loader=traversable_loader(root), autoescape=True, undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-
-
 def render(template: str, view: object) -> str:
-    return _environment().get_template(template).render(r=view)
+    return markdown.render(template, view, autoescape=True)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ from lab.core.resources import traversable_loader
 
 
 @functools.cache
-def _environment() -> jinja2.Environment:
+def _environment(autoescape: bool) -> jinja2.Environment:
     root = importlib.resources.files("lab.report").joinpath("templates")
-    return jinja2.Environment(loader=traversable_loader(root), autoescape=False, undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return jinja2.Environment(loader=traversable_loader(root), autoescape=autoescape,
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+                              lstrip_blocks=True)
 
 
-def render(template: str, view: object) -> str:
-    """`template` (e.g. "report.md.j2") rendered with `view` as `r`."""
-    return _environment().get_template(template).render(r=view)
+def render(template: str, view: object, *, autoescape: bool = False) -> str:
+    """`template` (e.g. "report.md.j2") rendered with `view` as `r`; HTML templates autoescape."""
+    return _environment(autoescape).get_template(template).render(r=view)
