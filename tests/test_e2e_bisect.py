@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import open_page
 from tests.conftest import last_json, run_lab
+from tests.report.test_html_browser import clean, keep, visible
 
 pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.timeout(3600)]
 
@@ -39,6 +41,12 @@ def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
     assert "<svg" in (folder / "bisect.svg").read_text()
     page = (folder / "report.html").read_text()
     assert 'id="timeline-svg"><svg' in page and "<strong>2.3.1 → 2.4.0</strong>" in page
+    # the page of this real bisection, in a real browser (Debian's chromium, which bin/setup installs)
+    report = open_page((folder / "report.html").as_uri(), ("#verdict", "#timeline-svg svg", "#probes"))
+    keep(report, folder, "bisect-vmap-inside-compile.png")
+    clean(report)
+    assert "2.3.1 → 2.4.0" in visible(report, "#verdict")["text"]
+    assert "2.4.1" in visible(report, "#timeline-svg svg", min_width=150)["text"]
     assert "torch.func.vmap capture is disabled" in (folder / "torch2.3.1" / "report.md").read_text()
     assert "resume after an interruption with: lab bisect vmap-inside-compile" in proc.stderr
 
