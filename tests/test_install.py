@@ -76,6 +76,10 @@ def test_the_wheel_carries_templates_scenarios_and_runner_and_no_ca(wheel):
     shipped = {p.name for p in (ROOT / "scenarios").glob("*.yaml")}
     assert shipped == {n.rsplit("/", 1)[1] for n in names if n.startswith("lab/scenarios/") and n.endswith(".yaml")}
     assert not [n for n in names if n.endswith(".crt")]  # a proxy's CA copied for compose stays home
+    # every module of the checkout's package is in the wheel (a new subpackage left out of
+    # pyproject's list installs fine and fails only at its first import)
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lab").rglob("*.py") if "__pycache__" not in p.parts}
+    assert modules - names == set()
 
 
 def test_installed_wheel_works_from_any_folder(installed, outside):
