@@ -43,6 +43,13 @@ ArchOpt = Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (def
                                              "default_arch setting where it lists several).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Runs folder (default: the runs_dir setting, ./runs).")]
+EngineOpt = Annotated[list[str] | None, typer.Option(
+    "--engine", help="Run on this Docker engine only: a Docker context name or a DOCKER_HOST URL (unix://, "
+    "tcp://, ssh://); repeat it for several. Default: the current engine and the `engines` setting.",
+    show_default=False)]
+JobsOpt = Annotated[int | None, typer.Option(
+    "--jobs", "-j", help="How many cases run at once across the engines (default: each engine's slots, "
+    "one per 2 CPUs and 4 GiB of memory; see `lab engines`).", show_default=False)]
 
 
 # ----------------------------------------------------------------------------- output and logging
@@ -213,6 +220,26 @@ def _case(ref: str, torch: str | None, arch: str | None, backend: str | None = N
                    sets=_parse_sets(sets or []), mode=mode)
 
 
+def _fleet(engines: list[str] | None, jobs: int | None):
+    """The engines this command may use (see lab.engine.routing.open_fleet)."""
+    from lab.engine.routing import open_fleet
+    return open_fleet(engines or (), _settings()["engines"], jobs, warn=log.warning)
+
+
+def _engine_for(fleet, case):
+    """The best engine for one case: native before QEMU, a GPU case only where the NVIDIA runtime is."""
+    from lab.engine.routing import NoEngineError
+    from lab.pipeline import check_gpu
+    try:
+        route = fleet.routes(case.arch.value, case.scenario.gpu, case.name)[0]
+    except NoEngineError:
+        if case.scenario.gpu:  # the familiar message, with the scenario's CPU variant
+            for engine in fleet.live_engines():
+                check_gpu(case, engine)
+        raise
+    return fleet.engine(route.engine)
+
+
 def _parse_sets(items: list[str]) -> dict[str, str]:
     pairs = {}
     for item in items:
@@ -310,17 +337,16 @@ def render(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) 
 
 
 @command()
-def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None) -> None:
+def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None, engines: EngineOpt = None) -> None:
     """Build the image for a scenario (bootstrapping its base if no registry answers)."""
     def body() -> None:
         from lab.build.hostpip import discover
         from lab.build.image import build_image, check_release
         from lab.build.render import plan_build
-        from lab.engine.docker_engine import Engine
         case = _case(scenario, torch, arch)
         host = discover()
         check_release(case, host)  # before anything is built
-        engine = Engine.connect()
+        engine = _engine_for(_fleet(engines, None), case)
         with Progress() as progress:
             image = build_image(plan_build(case, host, progress), engine, host, progress)
         err.print(f"{'cached' if image.cached else 'built'} {image.tag} "
@@ -356,6 +382,8 @@ def run(
                                                 "for scenarios that ask for it (network: true).")] = False,
     check: Annotated[bool, typer.Option("--check", help="Exit with the verdict, as `git bisect run` reads it: "
                                         "0 not reproduced, 1 reproduced, 125 no verdict (infrastructure).")] = False,
+    engines: EngineOpt = None,
+    jobs: JobsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build and run a scenario (or a matrix of versions x arches), analyse what happened and write a report."""
@@ -366,7 +394,6 @@ def run(
         from lab.build.image import check_release
         from lab.build.resolve import parse_arch
         from lab.drivers.matrix import expand, select, split_list
-        from lab.engine.docker_engine import Engine
         from lab.pipeline import run_case, run_limits
         if ablate and (backend or mode):
             raise ScenarioError("--ablate runs every backend; leave out --backend and --mode.", field="--ablate")
@@ -387,10 +414,12 @@ def run(
             run_limits(c, allow_network)
             check_release(c, host)
         runs_root = _runs_root(out_dir)
-        engine = Engine.connect()
+        fleet = _fleet(engines, jobs)
         if len(cases) == 1 and repeat == 1:
             case = cases[0]
-            _say(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else ""))
+            engine = _engine_for(fleet, case)
+            on = f" on engine {engine.name}" if len(fleet.engines) > 1 or engines else ""
+            _say(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else "") + on)
             if ablate:
                 _ablate(case, engine, host, runs_root, as_json)
                 return
@@ -402,33 +431,51 @@ def run(
                 out.print(json.dumps(outcome.result.to_json()), markup=False)
             verdict.append(outcome.result.verdict.value)
             return
-        _matrix(cases, engine, host, runs_root, repeat, as_json,
+        _matrix(cases, fleet, host, runs_root, repeat, as_json,
                 dict(diagnose=diagnose, compile_debug=compile_debug, allow_network=allow_network))
     _guard(body, check)
     if check and verdict and (code := codes.verdict_exit(verdict[0], check)):
         raise typer.Exit(code)
 
 
-def _matrix(cases, engine, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
+def _matrix(cases, fleet, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
     from lab.core.results import MatrixResult, read_document
     from lab.drivers.matrix import matrix_result, run_matrix, write_matrix_folder
+    from lab.drivers.parallel import EngineGone, on_engine, remove_containers
     from lab.pipeline import run_case
 
-    err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "") + ":")
+    workers = max(1, min(fleet.slots, len(cases) * repeat))
+    err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "")
+              + (f", {workers} at once on {len(fleet.live_engines())} engine(s)" if workers > 1 else "") + ":")
     for c in cases:
-        err.print(f"  {escape(c.name)}" + (" (emulated)" if c.arch != engine.arch else ""))
+        first = fleet.routes(c.arch.value, c.scenario.gpu, c.name)[0]
+        err.print(f"  {escape(c.name)}" + (" (emulated)" if first.emulated else ""))
 
     def run_one(case, i: int):
-        err.print(f"[bold]{escape(case.name)}[/]" + (f" run {i + 1}/{repeat}" if repeat > 1 else ""))
+        label = escape(case.name) + (f" run {i + 1}/{repeat}" if repeat > 1 else "")
         opts = dict(options)
         if i > 0:  # the diagnose step says the same thing every time
             opts["diagnose"] = opts["compile_debug"] = False
-        with Progress() as progress:
-            outcome = run_case(case, engine, host, runs_root, progress, **opts)
-        _print_outcome(outcome)
-        return outcome.result
 
-    cells = run_matrix(cases, run_one, repeat)
+        def on(engine, emulated: bool):
+            err.print(f"[bold]{label}[/]" + (f" on engine {escape(engine.name)}" if len(fleet.engines) > 1 else ""))
+            if workers > 1:  # one status line cannot show several runs: their steps go to -v
+                def quiet(stage: str, message: str) -> None:
+                    _say(f"[dim]{label}[/] {escape(message[:160])}", logging.DEBUG)
+                outcome = run_case(case, engine, host, runs_root, quiet, **opts)
+            else:
+                with Progress() as progress:
+                    outcome = run_case(case, engine, host, runs_root, progress, **opts)
+            if outcome.result.verdict.value in ("error", "timeout") and not engine.alive():
+                raise EngineGone(f"the engine {engine.name} stopped answering")
+            _print_outcome(outcome)
+            return outcome.result
+
+        return on_engine(fleet, case.arch.value, case.scenario.gpu, f"cell {case.name}", on,
+                         lambda st, m: log.warning(m) if st == "engine" else None)
+
+    cells = run_matrix(cases, run_one, repeat, workers=workers,
+                       on_interrupt=lambda: remove_containers(fleet.live_engines()))
     table = Table("cell", "verdict", *(["rate"] if repeat > 1 else []), "run folder")
     for cell in cells:
         colour = _COLOURS.get(cell.verdict, "bold")
@@ -489,18 +536,20 @@ def bisect_cmd(
     pre: Annotated[bool, typer.Option("--pre", help="Include pre-releases among the candidates.")] = False,
     keep_images: Annotated[bool, typer.Option("--keep-images", help="Keep the images the probes build "
                                               "(by default each is removed after its probe).")] = False,
+    engines: EngineOpt = None,
+    jobs: JobsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Find the torch release where a scenario's verdict changes (a regression or a fix)."""
+    """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
+    slots (--jobs, or engines), each round probes that many releases at once (k-ary bisection)."""
     def body() -> None:
         from lab.build.hostpip import discover
         from lab.drivers.bisect_run import run_bisect
-        from lab.engine.docker_engine import Engine
         from lab.scenario.schema import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         loaded = _load(scenario)
         runs_root = _runs_root(out_dir)
-        engine = Engine.connect()
+        fleet = _fleet(engines, jobs)
         resume: list[str] = []
 
         def on_start(candidates: list[str], folder: Path, command: str) -> None:
@@ -516,25 +565,59 @@ def bisect_cmd(
             why = probe.evidence or probe.reason
             took = (f" ({probe.total_s:.0f} s: build {probe.build_s or 0:.0f} s, run {probe.run_s or 0:.0f} s)"
                     if probe.total_s is not None and not reused else "")
-            err.print(f"  torch {escape(probe.version)}: [{colour}]{probe.verdict}[/]{note}{took}"
+            where = f" on {escape(probe.engine)}" if probe.engine and len(fleet.engines) > 1 and not reused else ""
+            err.print(f"  torch {escape(probe.version)}: [{colour}]{probe.verdict}[/]{note}{where}{took}"
                       + (f" - {escape(why[:140])}" if why else ""))
 
         try:
             with Progress() as progress:
-                run = run_bisect(loaded, scenario, old_v, new_v, _arch_for(loaded, arch), engine, discover(),
+                run = run_bisect(loaded, scenario, old_v, new_v, _arch_for(loaded, arch), None, discover(),
                                  runs_root, progress, pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe,
-                                 on_start=on_start,
-                                 keep_images=keep_images)
+                                 on_start=on_start, keep_images=keep_images, fleet=fleet)
         except KeyboardInterrupt:
             if resume:
                 err.print(f"resume with: [bold]{escape(resume[0])}[/]")
             raise
         result = run.result
+        if result.width > 1:
+            err.print(f"{len(result.steps)} probes in {result.rounds} rounds, up to {result.width} at once")
         colour = "bold" if result.status == "found" else "bold yellow"
         err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
         err.print(f"report: {run.folder / 'bisect.md'}")
         if as_json:
             out.print(json.dumps(result.to_json()), markup=False)
+    _guard(body)
+
+
+@command("engines")
+def engines_cmd(
+    engines: Annotated[list[str] | None, typer.Option(
+        "--engine", help="Also list this engine: a Docker context name or a DOCKER_HOST URL; repeatable.",
+        show_default=False)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the Docker engines the lab can use (the current one, the `engines` setting and --engine), with
+    their architecture, CPUs, memory, GPU runtime, version, free disk and slots. Unreachable ones are shown
+    with the reason."""
+    def body() -> None:
+        from lab.core.records import format_bytes
+        from lab.engine.engines import engine_specs, survey
+        facts = [f for f, _ in survey(engine_specs(engines or (), _settings()["engines"]))]
+        if as_json:
+            out.print(json.dumps({"engines": [f.as_json() for f in facts]}), markup=False)
+            return
+        for f in facts:  # a paragraph per engine: readable in any terminal width
+            head = f"[bold]{escape(f.name)}[/] ({escape(f.source)}, {escape(f.url or 'no address')})"
+            if not f.reachable:
+                out.print(f"{head}: [red]unreachable[/], skipped: {escape(f.reason or '')}", soft_wrap=True)
+                continue
+            disk = format_bytes(f.free_disk) if f.free_disk is not None else f"unknown ({f.free_disk_note})"
+            emulates = ", ".join(f.emulates) or "nothing" if f.emulates is not None else "unknown (remote)"
+            out.print(f"{head}: [green]reachable[/]\n"
+                      f"  arch {f.arch}, {f.cpus} CPUs, {format_bytes(f.memory or 0)} memory, "
+                      f"GPU runtime {'yes' if f.gpu else 'no'}, Docker {escape(f.version or '?')}\n"
+                      f"  free disk {escape(disk)}; emulates {escape(emulates)}; {f.slots} slot(s)",
+                      soft_wrap=True)
     _guard(body)
 
 

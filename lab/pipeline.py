@@ -111,7 +111,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
     report.write_scenario(run_dir, case, None)
     emulated = case.arch != engine.arch
-    record = dict(case=case, run_dir=run_dir, engine_version=engine.version,
+    record = dict(case=case, run_dir=run_dir, engine_version=engine.version, engine_name=engine.name,
                   host_arch=engine.arch.uname, emulated=emulated, started=started)
     try:
         try:

@@ -213,6 +213,7 @@ class StageTimes(Record):
 class EngineRef(Record):
     version: str
     host_arch: str
+    name: str = "default"  # the engine used: its Docker context's name, or its address
 
 
 class RunResult(Document):
@@ -352,6 +353,8 @@ class Probe(Record):
     build_s: float | None = None
     run_s: float | None = None
     total_s: float | None = None
+    engine: str | None = None   # the engine that ran it
+    emulated: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -369,11 +372,12 @@ class Probe(Record):
     @classmethod
     def judged(cls, version: str, verdict: object, reason: str = "", evidence: str = "",
                run_dir: str | None = None, *, build_s: float | None = None, run_s: float | None = None,
-               total_s: float | None = None) -> Probe:
+               total_s: float | None = None, engine: str | None = None, emulated: bool | None = None) -> Probe:
         """A probe from a judge's verdict (`Verdict` or string): the outcome follows from it."""
         raw = str(getattr(verdict, "value", verdict))
         return cls(version=version, verdict=raw, outcome=outcome_of(raw), reason=reason, evidence=evidence,
-                   run_dir=run_dir, build_s=build_s, run_s=run_s, total_s=total_s)
+                   run_dir=run_dir, build_s=build_s, run_s=run_s, total_s=total_s, engine=engine,
+                   emulated=emulated)
 
     @property
     def skipped(self) -> bool:
@@ -407,6 +411,8 @@ class BisectResult(Document):
     old_end: str | None = None
     new_end: str | None = None
     notes: tuple[str, ...] = ()
+    width: int = 1                # releases probed per round (the slots it had)
+    rounds: int | None = None     # rounds of probes (with width 1: the probes made)
     # where and how the driver ran it (absent from the pure search's answer)
     scenario: str | None = None
     arch: Arch | None = None

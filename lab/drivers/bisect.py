@@ -13,8 +13,14 @@ nearest runnable release inwards stands in for it; when a midpoint is skipped,
 the untested release nearest the middle is tried instead. If skips surround the
 boundary, the result is `ambiguous` and names the range.
 
-The search is deterministic: the same list and the same probe answers give the
-same probe order, so a resumed bisection asks for the same releases again.
+With `width` S > 1 (S probes can run at once), each round probes S releases that split what
+is left into S+1 parts (k-ary bisection): ceil(log_(S+1) K) rounds instead of ceil(log2 K)
+probes one after another. The ends are probed together in the first round. With S = 1 the
+order is exactly the binary search's, and for a verdict that changes once, every width finds
+the same boundary.
+
+The search is deterministic: the same list, width and probe answers give the same probe
+order, so a resumed bisection asks for the same releases again.
 """
 
 from __future__ import annotations
@@ -49,27 +55,53 @@ def cost_bound(k: int) -> int:
     return (k - 1).bit_length() + 2 if k > 0 else 0
 
 
+def rounds_bound(k: int, width: int) -> int:
+    """The most rounds (without skips) of a bisection over `k` releases probing `width` at once:
+    one for the ends, then ceil(log_(width+1) (k-1)) to close the gap between them."""
+    if k <= 1:
+        return 0
+    rounds, gap = 1, k - 1  # releases strictly inside plus one: the gap between the two ends
+    while gap > 1:
+        gap = -(-gap // (width + 1))
+        rounds += 1
+    return rounds
+
+
 class _Search:
     """One bisection: remembers every probe, asks each release at most once."""
 
-    def __init__(self, versions: Sequence[str], probe: Callable[[str], Probe]) -> None:
+    def __init__(self, versions: Sequence[str], probe: Callable[[str], Probe],
+                 probe_many: Callable[[list[str]], list[Probe]] | None = None) -> None:
         self.versions = list(versions)
         self.probe_fn = probe
+        self.probe_many = probe_many or (lambda vs: [probe(v) for v in vs])
         self.seen: dict[int, Probe] = {}
         self.steps: list[Probe] = []
         self.notes: list[str] = []
+        self.rounds = 0
 
     def outcome(self, i: int) -> str:
-        if i not in self.seen:
+        self.ask([i])
+        return self.seen[i].outcome
+
+    def ask(self, indices: Sequence[int]) -> None:
+        """Probe the releases not asked yet, at once (one round)."""
+        todo = [i for i in dict.fromkeys(indices) if i not in self.seen]
+        if not todo:
+            return
+        self.rounds += 1
+        answers = self.probe_many([self.versions[i] for i in todo]) if len(todo) > 1 else \
+            [self.probe_fn(self.versions[todo[0]])]
+        if len(answers) != len(todo):
+            raise BisectError(f"asked for {len(todo)} probes, got {len(answers)} answers.")
+        for i, result in zip(todo, answers, strict=True):
             version = self.versions[i]
-            result = self.probe_fn(version)
             if not isinstance(result, Probe):
                 raise BisectError(f"the probe for {version} returned {type(result).__name__}, not a Probe.")
             if result.version != version:
                 raise BisectError(f"asked to probe {version}, the probe answered for {result.version}.")
             self.seen[i] = result
             self.steps.append(result)
-        return self.seen[i].outcome
 
     def reason(self, i: int) -> str:
         p = self.seen[i]
@@ -91,15 +123,25 @@ class _Search:
             self.notes.append("; ".join([*skipped, tail]))
         return i
 
-    def pick(self, lo: int, hi: int) -> int | None:
-        """The untested release nearest the middle of (lo, hi), counted over untested releases only,
-        so that each runnable answer halves what is left; None when every release inside is known."""
+    def pick(self, lo: int, hi: int, width: int = 1) -> list[int]:
+        """`width` untested releases that split (lo, hi) into width+1 parts, counted over untested
+        releases only (with width 1: the one nearest the middle, so each runnable answer halves
+        what is left); [] when every release inside is known."""
         untested = [i for i in range(lo + 1, hi) if i not in self.seen]
-        return untested[(len(untested) - 1) // 2] if untested else None
+        n = len(untested)
+        if not n:
+            return []
+        if width >= n:
+            return untested
+        return sorted({untested[max(0, (j + 1) * (n + 1) // (width + 1) - 1)] for j in range(width)})
 
 
-def bisect(versions: Sequence[str], probe: Callable[[str], Probe]) -> BisectResult:
+def bisect(versions: Sequence[str], probe: Callable[[str], Probe], *, width: int = 1,
+           probe_many: Callable[[list[str]], list[Probe]] | None = None) -> BisectResult:
     """Find where the verdict changes between `versions[0]` and `versions[-1]` (oldest first).
+
+    `width` releases are probed per round, through `probe_many(versions) -> probes` (in the same
+    order) when given, else one `probe` after another.
 
     Raises BisectError for fewer than two releases or repeated ones. Every other
     situation is a result: `found`, `ambiguous` (skips hide the exact boundary),
@@ -115,8 +157,11 @@ def bisect(versions: Sequence[str], probe: Callable[[str], Probe]) -> BisectResu
     if repeated:
         raise BisectError(f"the candidate releases repeat {', '.join(repeated)}; each must appear once.")
 
-    s = _Search(versions, probe)
+    width = max(1, width)
+    s = _Search(versions, probe, probe_many)
     last = len(versions) - 1
+    if width > 1:
+        s.ask([0, last])
     s.outcome(0)
     s.outcome(last)
     lo = s.walk(0, last, 1, "old")
@@ -124,7 +169,8 @@ def bisect(versions: Sequence[str], probe: Callable[[str], Probe]) -> BisectResu
     base = {"from_version": versions[0], "to_version": versions[-1]}
 
     def done(status: str, **kw) -> BisectResult:
-        return BisectResult(status=status, steps=tuple(s.steps), notes=tuple(s.notes), **base, **kw)
+        return BisectResult(status=status, steps=tuple(s.steps), notes=tuple(s.notes), width=width,
+                            rounds=s.rounds, **base, **kw)
 
     if lo is None or hi is None:
         if lo is not None:
@@ -140,14 +186,21 @@ def bisect(versions: Sequence[str], probe: Callable[[str], Probe]) -> BisectResu
     if old_verdict == new_verdict:
         return done(NO_CHANGE, **ends)
 
-    while (i := s.pick(lo, hi)) is not None:
-        answer = s.outcome(i)
-        if answer == old_verdict:
-            lo = i
-        elif answer == new_verdict:
-            hi = i
-        else:
-            s.notes.append(f"{versions[i]} skipped: {s.reason(i)}")
+    while batch := s.pick(lo, hi, width):
+        s.ask(batch)
+        # the boundary lies after the last old answer before the first new one
+        first_new = next((i for i in batch if s.seen[i].outcome == new_verdict), None)
+        for i in batch:
+            answer = s.seen[i].outcome
+            if answer not in (old_verdict, new_verdict):
+                s.notes.append(f"{versions[i]} skipped: {s.reason(i)}")
+            elif answer == new_verdict:
+                hi = min(hi, i) if i == first_new else hi
+            elif first_new is None or i < first_new:
+                lo = max(lo, i)
+            else:  # old again after a new answer in the same round: the verdict changed more than once
+                s.notes.append(f"{versions[i]} answered {answer} after {versions[first_new]} answered "
+                               f"{new_verdict}: the verdict changes more than once in this range")
 
     between = tuple(versions[lo + 1:hi])  # all probed, all skipped
     if between:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,9 @@ from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
 from lab.core.results import RESULT_NAME, RunResult, read_result
 from lab.drivers.bisect import BisectResult, Probe, bisect
+from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
 from lab.engine.docker_engine import Engine
+from lab.engine.routing import Fleet, NoEngineError
 from lab.scenario.schema import Scenario
 
 if TYPE_CHECKING:
@@ -82,18 +85,22 @@ def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: R
     return releases.between(found, old, new, what=releases.describe(python, arch))
 
 
-def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: str | None, engine: Engine,
+def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: str | None, engine: Engine | None,
                host: HostPip, runs_root: Path, events: Events = no_events, *, pre: bool = False,
                sets: dict[str, str] | None = None, on_probe: Callable[[Probe, bool], None] | None = None,
                on_start: Callable[[list[str], Path, str], None] | None = None,
                keep_images: bool = False, run_case: RunCase | None = None,
-               candidates: Releases | None = None) -> BisectRun:
+               candidates: Releases | None = None, fleet: Fleet | None = None) -> BisectRun:
     """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
 
     `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
     (default: the host's package index). `on_start(candidates, folder, resume)` is called once the
     releases are known; `on_probe(probe, reused)` after each probe. Raises LabError for bad input or
     when the engine itself fails.
+
+    With a `fleet`, each round probes as many releases as the fleet has slots, each on the best
+    engine that fits (k-ary bisection; see lab.drivers.bisect); a probe whose engine dies goes to
+    another engine. Without one, the probes run one after another on `engine`.
 
     A bisection never probes a release twice, so the images its probes built are removed after
     each probe unless `keep_images` (aarch64 torch from 2.11.0 makes images of about 7 GB)."""
@@ -110,41 +117,74 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     if on_start:
         on_start(found, folder, resume)
 
+    parallel = fleet is not None and fleet.slots > 1
+    lock = threading.Lock()  # the cache cap and the callbacks, one probe at a time
+
+    def attempt(version: str, run_dir: Path, on: Engine, emulated: bool | None, say: Events) -> Probe:
+        if run_dir.exists():  # interrupted or failed before a verdict: start it again
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        case = resolve(scenario, torch=version, arch=arch, sets=sets)
+        name = getattr(on, "name", None)
+        say("bisect", f"probing torch {version} ({case.name})" + (f" on engine {name}" if fleet else ""))
+        try:
+            outcome = run_case(case, on, host, runs_root, say, run_dir=run_dir, diagnose=False,
+                               collect_env=False)
+            if outcome.result.verdict.value in ("error", "timeout") and fleet is not None and not on.alive():
+                raise EngineGone(f"the engine {on.name} stopped answering ({outcome.result.reason})")
+            p = _probe_from(version, outcome.result, run_dir)
+            image = outcome.result.image
+            if not keep_images and image is not None and not image.cached:
+                say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
+                on.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
+                on.remove_image(image.tag)
+            with lock:
+                cache_policy.enforce_cap(on, say, force=True)  # never raises: a problem is an event
+        except EngineError:
+            raise  # the engine itself is gone: another engine, or nothing else can run either
+        except LabError as exc:  # this release cannot be set up here: a skip, never a boundary
+            p = Probe.judged(version, "error", reason=str(exc).split("\n")[0][:300], run_dir=str(run_dir),
+                             engine=name, emulated=emulated)
+        return p
+
     def probe(version: str) -> Probe:
         run_dir = folder / f"torch{version}"
         previous = _finished(run_dir)
         if previous is not None:
             p = _probe_from(version, previous, run_dir)
             if on_probe:
-                on_probe(p, True)
+                with lock:
+                    on_probe(p, True)
             return p
-        if run_dir.exists():  # interrupted or failed before a verdict: start it again
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
-        case = resolve(scenario, torch=version, arch=arch, sets=sets)
-        events("bisect", f"probing torch {version} ({case.name})")
-        try:
-            outcome = run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=False,
-                               collect_env=False)
-            p = _probe_from(version, outcome.result, run_dir)
-            image = outcome.result.image
-            if not keep_images and image is not None and not image.cached:
-                events("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
-                engine.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
-                engine.remove_image(image.tag)
-            cache_policy.enforce_cap(engine, events, force=True)  # never raises: a problem is an event
-        except EngineError:
-            raise  # the engine itself is gone: nothing else can run either
-        except LabError as exc:  # this release cannot be set up here: a skip, never a boundary
-            p = Probe.judged(version, "error", reason=str(exc).split("\n")[0][:300], run_dir=str(run_dir))
+        if fleet is None:
+            assert engine is not None
+            p = attempt(version, run_dir, engine, None, events)
+        else:
+            def say(stage: str, message: str) -> None:
+                events(stage, f"[torch {version}] {message}" if parallel else message)
+            try:
+                p = on_engine(fleet, arch, scenario.gpu, f"the probe of torch {version}",
+                              lambda on, emulated: attempt(version, run_dir, on, emulated, say), say)
+            except NoEngineError as exc:  # every engine that fits is gone: say so, never a boundary
+                p = Probe.judged(version, "error", reason=exc.message[:300], run_dir=str(run_dir))
         if on_probe:
-            on_probe(p, False)
+            with lock:
+                on_probe(p, False)
         return p
+
+    width = fleet.slots if parallel else 1
+    engines = fleet.live_engines() if fleet is not None else [engine]
+
+    def probe_many(versions: list[str]) -> list[Probe]:
+        return run_all(versions, probe, workers=width, on_interrupt=lambda: remove_containers(engines))
 
     # One lease for the whole bisection: what its probes use (anchors, sites, uv's wheels) stays
     # while it runs; the runs leave the cap to the probe loop above.
     with cache_policy.lease(), cache_policy.deferred():
-        searched = bisect(found, probe)
+        searched = bisect(found, probe, width=width, probe_many=probe_many)
+    if fleet is not None and fleet.down:
+        searched = searched.model_copy(update={"notes": (*searched.notes, *(
+            f"engine {name} {why}" for name, why in fleet.down.items()))})
     result = searched.model_copy(update={
         "scenario": scenario.name, "arch": arch, "candidates": tuple(found), "folder": str(folder),
         "resume": resume})
@@ -162,9 +202,10 @@ def _finished(run_dir: Path) -> RunResult | None:
     return result if isinstance(result, RunResult) else None
 
 
-def _probe_from(version: str, result: RunResult, run_dir: Path) -> Probe:
+def _probe_from(version: str, result: RunResult, run_dir: Path, engine: str | None = None) -> Probe:
     evidence = "; ".join(result.summary[:2])
     t = result.timings
     return Probe.judged(version, result.verdict, reason=result.reason, evidence=evidence, run_dir=str(run_dir),
                         build_s=t.build_s if t else None, run_s=t.run_s if t else None,
-                        total_s=t.total_s if t else None)
+                        total_s=t.total_s if t else None, engine=engine or result.engine.name,
+                        emulated=result.emulated)

@@ -7,6 +7,7 @@ production), so this module is unit-tested with a fake runner and without Docker
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -15,6 +16,7 @@ from pathlib import Path
 from lab.build.resolve import Case, resolve
 from lab.core.errors import ScenarioError
 from lab.core.results import MatrixCell, MatrixResult, MatrixRun, RunResult
+from lab.drivers.parallel import run_all
 from lab.scenario.schema import Scenario
 
 
@@ -173,17 +175,26 @@ class Cell:
 
 
 def run_matrix(cases: list[Case], run_one: Callable[[Case, int], RunResult], repeat: int = 1,
-               on_result: Callable[[Cell, RunResult], None] | None = None) -> list[Cell]:
-    """Run each case `repeat` times (`run_one(case, i)` runs it once and returns its result)."""
+               on_result: Callable[[Cell, RunResult], None] | None = None, *, workers: int = 1,
+               on_interrupt: Callable[[], None] = lambda: None) -> list[Cell]:
+    """Run each case `repeat` times (`run_one(case, i)` runs it once and returns its result),
+    `workers` runs at once; each cell's results stay in the order of its repeats."""
     if repeat < 1:
         raise ScenarioError(f"--repeat must be 1 or more, not {repeat}.", field="--repeat")
     cells = [Cell(c) for c in cases]
-    for cell in cells:
-        for i in range(repeat):
-            result = run_one(cell.case, i)
-            cell.results.append(result)
-            if on_result:
+    tasks = [(cell, i) for cell in cells for i in range(repeat)]
+    lock = threading.Lock()
+
+    def one(task: tuple[Cell, int]) -> RunResult:
+        cell, i = task
+        result = run_one(cell.case, i)
+        if on_result:
+            with lock:
                 on_result(cell, result)
+        return result
+
+    for (cell, _), result in zip(tasks, run_all(tasks, one, workers, on_interrupt), strict=True):
+        cell.results.append(result)
     return cells
 
 

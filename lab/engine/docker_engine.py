@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import tarfile
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -42,6 +44,10 @@ from lab.scenario.schema import Arch
 
 LABEL = "org.torch-repro-lab.managed"
 LABELS = {LABEL: "true"}
+# Every container this process starts also carries its session, so that Ctrl-C during parallel
+# runs can remove them on every engine (worker threads are blocked in the engine's API).
+SESSION_LABEL = "org.torch-repro-lab.session"
+SESSION = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 LAYERS_REPO = "torch-repro-lab/layers"  # anchors for shared layers (see anchor_shared_layers)
 OUT_IN_CONTAINER = "/out"
 # The user the script runs as: the image's `lab` user, made by dockerfiles/debian.Dockerfile.j2
@@ -66,26 +72,56 @@ _CRASH_GRACE_S = 5.0
 class Engine:
     """A connected Docker engine."""
 
-    def __init__(self, client: docker.DockerClient, stream_client: docker.DockerClient | None = None) -> None:
+    def __init__(self, client: docker.DockerClient, stream_client: docker.DockerClient | None = None,
+                 name: str = "default", url: str | None = None) -> None:
         self.client = client
         # Attached streams may stay quiet for longer than any request timeout: a second client,
         # configured the same way but without one, reads them.
         self.stream_client = stream_client or client
+        self.name = name  # the Docker context's name, or the address given
+        self.url = url
         self._info: dict | None = None
 
     @classmethod
     def connect(cls) -> Engine:
-        """Connect the way the docker CLI does (DOCKER_HOST, else the local socket)."""
+        """Connect the way the docker CLI does: DOCKER_HOST, else DOCKER_CONTEXT, else the current
+        Docker context (the local socket by default)."""
+        from lab.engine.engines import connect, current_spec
+        return connect(current_spec())
+
+    @classmethod
+    def connect_url(cls, url: str, *, name: str, tls=None, timeout: float = 300,
+                    answer_within: float = 20) -> Engine:
+        """Connect to one engine address (unix://, tcp:// with `tls`, ssh:// through paramiko). An
+        engine that does not answer within `answer_within` seconds is unreachable; requests of a
+        connected engine may take `timeout`."""
         try:
-            client = docker.from_env(version="auto", timeout=300)
-            client.ping()
-            stream_client = docker.from_env(version=client.api.api_version, timeout=None)
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            first = docker.DockerClient(base_url=url, version="auto", timeout=answer_within, tls=tls or False)
+            first.ping()
+            version = first.api.api_version
+            first.close()
+            client = docker.DockerClient(base_url=url, version=version, timeout=timeout, tls=tls or False)
+            stream_client = docker.DockerClient(base_url=url, version=client.api.api_version, timeout=None,
+                                                tls=tls or False)
+        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+            where = url if name == url else f"{name}, {url}"
             raise EngineError(
-                f"the Docker engine does not answer ({_short(exc)}).",
+                f"the Docker engine does not answer ({where}: {_short(exc)}).",
                 hint="Start it (as root: `bin/setup-host`, or `systemctl start docker`), "
-                     "check DOCKER_HOST, then see `lab doctor`.") from None
-        return cls(client, stream_client)
+                     "check DOCKER_HOST or the Docker context, then see `lab doctor` and `lab engines`.") from None
+        except Exception as exc:  # noqa: BLE001 - ssh:// raises paramiko's own errors (auth, host key)
+            raise EngineError(f"the Docker engine {name} ({url}) cannot be reached: "
+                              f"{type(exc).__name__}: {_short(exc)}.",
+                              hint="Check that `ssh` to that host works without a password prompt "
+                                   "and that its host key is known.") from None
+        return cls(client, stream_client, name=name, url=url)
+
+    def alive(self) -> bool:
+        """Whether the engine still answers (after a failure: was it the engine, or the case?)."""
+        try:
+            return bool(self.client.ping())
+        except Exception:  # noqa: BLE001 - any failure to answer means it is gone
+            return False
 
     # --- facts ---------------------------------------------------------------
     def info(self) -> dict:
@@ -294,7 +330,8 @@ class Engine:
                 labels: dict[str, str], limits: RunLimits, with_out: bool = False):
         try:
             return self.client.containers.create(image, command=command, environment={"HOME": RUN_HOME, **env},
-                                                 **container_options(arch, {**LABELS, **labels}, limits, with_out))
+                                                 **container_options(arch, {**LABELS, SESSION_LABEL: SESSION, **labels},
+                                                                    limits, with_out))
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine could not create a container from {image}: {_short(exc)}") from None
 
@@ -340,7 +377,10 @@ class Engine:
             try:
                 result = container.wait(timeout=min(_POLL_S, left))
                 return int(result.get("StatusCode", -1)), False, None
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
+                if isinstance(exc, requests.exceptions.ConnectionError) and not self.alive():
+                    raise EngineError(f"the Docker engine {self.name} stopped answering while the "
+                                      f"container ran ({_short(exc)}).") from None
                 events("run", f"{time.monotonic() - started:.0f} s")
             if watch_crash and crashed_at is None and _emulator_crashed(container):
                 crashed_at = time.monotonic()
@@ -437,6 +477,16 @@ class Engine:
                 continue
             except docker.errors.APIError:
                 return False
+        return removed
+
+    def remove_session_containers(self) -> int:
+        """Remove (by force) every container this process started on this engine; how many."""
+        removed = 0
+        with contextlib.suppress(Exception):
+            for c in self.client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={SESSION}"}):
+                with contextlib.suppress(Exception):
+                    c.remove(force=True, v=True)
+                    removed += 1
         return removed
 
     def managed_containers(self) -> list[str]:
@@ -642,3 +692,37 @@ def _remove(container) -> None:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------- Docker contexts
+
+def docker_context(name: str) -> tuple[str, object | None] | None:
+    """(host URL, TLS config) of the Docker CLI context `name` (`docker context ls`), or None."""
+    import docker.context
+    try:
+        ctx = docker.context.ContextAPI.get_context(name)
+    except Exception:  # noqa: BLE001 - a broken context store is reported as a problem with that context
+        return None
+    if ctx is None:
+        return None
+    return ctx.Host or "unix:///var/run/docker.sock", ctx.TLSConfig
+
+
+def current_context_name() -> str:
+    """The Docker CLI's current context (config.json `currentContext`), `default` when none."""
+    try:
+        from docker.context.config import get_current_context_name
+        return get_current_context_name() or "default"
+    except Exception:  # noqa: BLE001
+        return "default"
+
+
+def env_tls():
+    """TLS settings from DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, as the docker CLI reads them."""
+    if not (os.environ.get("DOCKER_TLS_VERIFY") or os.environ.get("DOCKER_CERT_PATH")):
+        return None
+    from docker.utils import kwargs_from_env
+    try:
+        return kwargs_from_env().get("tls")
+    except Exception:  # noqa: BLE001 - bad cert paths show up when connecting
+        return None

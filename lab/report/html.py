@@ -103,7 +103,7 @@ def run_view(run_dir: Path, dot: str | None = None) -> RunView:
         facts.append(("Exit code", str(result.exit_code)))
     if result.killed:
         facts.append(("Killed", result.killed))
-    facts += [("Started", result.started), ("Engine", f"{result.engine.version} on {result.engine.host_arch}"),
+    facts += [("Started", result.started), ("Engine", _engine_words(result)),
               ("Run folder", run_dir.name), ("torch-repro-lab", result.lab_version)]
     if evidence is not None:
         dups = tuple(Dup(d.label or d.family, d.pid, tuple(zip(d.paths, (n or "?" for n in d.needed_by), strict=False)))
@@ -264,3 +264,8 @@ def write_folder_html(folder: Path, dot: str | None = None) -> Path:
     if (folder / "matrix.json").is_file():
         return write_matrix_html(folder, read_document(folder / "matrix.json", MatrixResult))
     return write_run_html(folder, dot)
+
+
+def _engine_words(result) -> str:
+    e = result.engine
+    return f"{e.name} (Docker {e.version}) on {e.host_arch}" + (", emulated" if result.emulated else "")

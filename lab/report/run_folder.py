@@ -50,6 +50,7 @@ class RunRecord:
     host_arch: str
     emulated: bool
     started: datetime
+    engine_name: str = "default"       # the Docker context's name or the address the run used
     collect_env: str | None = None
     diagnostics: Diagnostics | None = None
     diagnose: str | None = None        # why the diagnose step ran or did not
@@ -124,7 +125,7 @@ def run_result(rec: RunRecord) -> RunResult:
                                                       cached=rec.image.cached),
         base=None if rec.base is None else BaseRef(requested=rec.base.requested, ref=rec.base.ref,
                                                    origin=rec.base.origin, image_id=rec.base.image_id),
-        engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch),
+        engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch, name=rec.engine_name),
         lab_version=__version__,
         started=rec.started.isoformat(timespec="seconds"),
     )
@@ -247,6 +248,7 @@ class ReportView:
     facts: tuple[tuple[str, str], ...]
     engine_version: str
     host_arch: str
+    engine_name: str
     lab_version: str
     environment: tuple[Details, ...]
 
@@ -262,7 +264,7 @@ def report_view(rec: RunRecord) -> ReportView:
     case, j, ev, s = rec.case, rec.judgement, rec.evidence, rec.case.scenario
     d = rec.diagnostics
     where = f"{case.arch.platform}" + (f", emulated with QEMU on an {rec.host_arch} host"
-                                       if rec.emulated else ", native")
+                                       if rec.emulated else ", native") + f", engine {rec.engine_name}"
     base_note, build_base = None, s.base
     if rec.base and rec.base.ref != rec.base.requested:
         base_note = f"this engine had no registry: its base was {rec.base.origin} as {rec.base.ref}"
@@ -294,7 +296,8 @@ def report_view(rec: RunRecord) -> ReportView:
                                                     rec.base.image_id[:19], rec.base.recipe),
         image_tag=rec.image.tag if rec.image else None,
         facts=tuple(collect_env_facts(rec.collect_env or "")),
-        engine_version=rec.engine_version, host_arch=rec.host_arch, lab_version=__version__,
+        engine_version=rec.engine_version, host_arch=rec.host_arch, engine_name=rec.engine_name,
+        lab_version=__version__,
         environment=tuple(_environment(rec)),
     )
 

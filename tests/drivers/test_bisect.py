@@ -20,6 +20,7 @@ from lab.drivers.bisect import (
     bisect,
     cost_bound,
     outcome_of,
+    rounds_bound,
 )
 
 R, N, E, T = "reproduced", "not_reproduced", "error", "timeout"
@@ -265,7 +266,8 @@ def test_to_json_matches_design_contract():
             "skipped"} <= set(data)
     assert data["steps"][0] == {"torch": "1.0.0", "verdict": "not_reproduced", "outcome": "not_reproduced",
                                 "reason": "", "evidence": "evidence of 1.0.0", "run_dir": "runs/1.0.0",
-                                "build_s": None, "run_s": None, "total_s": None}
+                                "build_s": None, "run_s": None, "total_s": None, "engine": None,
+                                "emulated": None}
     assert {"torch": "1.3.0", "verdict": "error"}.items() <= next(
         s for s in data["steps"] if s["torch"] == "1.3.0").items()
     assert data["skipped"] == ["1.3.0"]
@@ -322,3 +324,58 @@ def test_property_any_history_gives_a_boundary_consistent_with_probes(verdicts):
         lo = int(result.last_old.split(".")[1])
         hi = int(result.first_new.split(".")[1])
         assert all(seen.get(f"1.{i}.0") == "skip" for i in range(lo + 1, hi))
+
+
+# -- k-ary: several probes per round ----------------------------------------------------------
+
+class BatchRunner(FakeRunner):
+    """Records each round (the releases asked together)."""
+
+    def __init__(self, versions, verdicts):
+        super().__init__(versions, verdicts)
+        self.batches: list[list[str]] = []
+
+    def many(self, versions: list[str]) -> list[Probe]:
+        self.batches.append(list(versions))
+        return [self(v) for v in versions]
+
+
+def run_wide(verdicts, width):
+    versions = [f"1.{i}.0" for i in range(len(verdicts))]
+    runner = BatchRunner(versions, verdicts)
+    return bisect(versions, runner, width=width, probe_many=runner.many), runner
+
+
+def test_width_one_is_the_binary_search_probe_for_probe():
+    verdicts = regression_at(13, 9)
+    serial, a = run(verdicts)
+    wide, b = run_wide(verdicts, 1)
+    assert a.asked == b.asked and serial.steps == wide.steps and wide.rounds == len(a.asked)
+
+
+def test_three_slots_probe_three_releases_per_round_and_need_fewer_rounds():
+    verdicts = regression_at(13, 9)  # 1.8.0 last old, 1.9.0 first new
+    result, runner = run_wide(verdicts, 3)
+    assert (result.last_old, result.first_new) == ("1.8.0", "1.9.0")
+    assert runner.batches[0] == ["1.0.0", "1.12.0"]  # the ends, together
+    assert all(len(b) <= 3 for b in runner.batches[1:]) and len(runner.batches[1]) == 3
+    assert result.rounds == len(runner.batches) <= rounds_bound(13, 3) < run(verdicts)[0].rounds
+    assert result.width == 3
+
+
+def test_rounds_bound():
+    assert rounds_bound(13, 1) == 5 and rounds_bound(13, 3) == 3 and rounds_bound(2, 4) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(monotone_with_skips(), st.integers(min_value=2, max_value=6))
+def test_property_any_width_finds_the_serial_boundary(case, width):
+    k, b, old, new, verdicts = case
+    serial, _ = run(verdicts)
+    wide, runner = run_wide(verdicts, width)
+    assert (wide.status, wide.last_old, wide.first_new, wide.skipped_between) == \
+        (serial.status, serial.last_old, serial.first_new, serial.skipped_between)
+    assert len(set(runner.asked)) == len(runner.asked)
+    assert all(len(batch) <= max(width, 2) for batch in runner.batches)
+    if all(v in (R, N) for v in verdicts):
+        assert wide.rounds <= rounds_bound(k, width)

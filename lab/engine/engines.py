@@ -1,0 +1,218 @@
+"""Which Docker engines the lab can use, and what each one is.
+
+An engine is Docker's own notion: a Docker context (`docker context create ...`) or a DOCKER_HOST
+URL (`unix://`, `tcp://` with TLS, `ssh://`). The lab uses the current one (DOCKER_HOST, else
+DOCKER_CONTEXT, else the CLI's current context) plus those named in the config file (`engines`)
+and with `--engine`. Each is connected once and described by its facts (architecture, CPUs,
+memory, GPU runtime, version, free disk); one that does not answer is listed with the reason and
+skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from lab.core.errors import EngineError
+from lab.engine.docker_engine import Engine, current_context_name, docker_context, env_tls
+from lab.scenario.schema import Arch
+
+GiB = 1024**3
+# One probe or matrix cell (pip, Inductor's C++ compiler, QEMU) wants about two cores and 4 GiB.
+CORES_PER_SLOT = 2
+MEMORY_PER_SLOT = 4 * GiB
+CONNECT_TIMEOUT_S = 20
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+SCHEMES = ("unix", "tcp", "ssh", "npipe", "http", "https")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine to try: its name (a context's, or the URL itself) and how to reach it."""
+
+    name: str
+    url: str | None
+    source: str                       # "current", "config" or "--engine"
+    tls: object | None = field(default=None, compare=False, repr=False)  # docker.tls.TLSConfig
+    problem: str | None = None        # why it cannot even be tried (no such context)
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What `lab engines` shows for one engine; `reason` says why an unreachable one is skipped."""
+
+    name: str
+    url: str | None
+    source: str
+    reachable: bool
+    reason: str | None = None
+    arch: str | None = None           # amd64 or arm64 (the engine's native architecture)
+    cpus: int | None = None
+    memory: int | None = None         # bytes
+    gpu: bool | None = None           # the NVIDIA container runtime is registered
+    version: str | None = None
+    free_disk: int | None = None      # bytes free under the engine's data root, when this host can see it
+    free_disk_note: str | None = None
+    emulates: tuple[str, ...] | None = None  # arches it runs through QEMU; None: unknown (a remote engine)
+    local: bool = False               # the engine's socket is on this host
+
+    @property
+    def slots(self) -> int:
+        """How many cases this engine runs at once by default: one per two cores and 4 GiB."""
+        if not self.reachable:
+            return 0
+        by_cpu = (self.cpus or 1) // CORES_PER_SLOT
+        by_mem = (self.memory or MEMORY_PER_SLOT) // MEMORY_PER_SLOT
+        return max(1, min(by_cpu, by_mem))
+
+    def can_run(self, arch: str) -> str | None:
+        """'native', 'emulated' (known to work), 'maybe' (a remote engine: unknown) or None."""
+        if not self.reachable or self.arch is None:
+            return None
+        if arch == self.arch:
+            return "native"
+        if self.emulates is None:
+            return "maybe"
+        return "emulated" if arch in self.emulates else None
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "url": self.url, "source": self.source, "reachable": self.reachable,
+                "reason": self.reason, "arch": self.arch, "cpus": self.cpus, "memory": self.memory,
+                "gpu": self.gpu, "version": self.version, "free_disk": self.free_disk,
+                "free_disk_note": self.free_disk_note,
+                "emulates": list(self.emulates) if self.emulates is not None else None,
+                "local": self.local, "slots": self.slots}
+
+
+# ----------------------------------------------------------------------------- which engines
+
+def current_spec() -> EngineSpec:
+    """The engine the docker CLI would use: DOCKER_HOST, else DOCKER_CONTEXT, else the current context."""
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        return EngineSpec("default", host, "current", tls=env_tls())
+    name = os.environ.get("DOCKER_CONTEXT") or current_context_name()
+    return _from_context(name, "current")
+
+
+def _from_context(name: str, source: str) -> EngineSpec:
+    found = docker_context(name)
+    if found is None:
+        return EngineSpec(name, None, source, problem=f"no Docker context named {name!r} "
+                                                      "(see `docker context ls`)")
+    host, tls = found
+    return EngineSpec(name, host, source, tls=tls if host.startswith("tcp://") else None)
+
+
+def parse_spec(text: str, source: str) -> EngineSpec:
+    """A `--engine`/config value: a DOCKER_HOST URL, or a Docker context name."""
+    text = text.strip()
+    if "://" in text:
+        scheme = urlparse(text).scheme
+        if scheme not in SCHEMES:
+            return EngineSpec(text, None, source, problem=f"{scheme}:// is not a Docker engine address "
+                                                          "(unix://, tcp://, ssh://)")
+        return EngineSpec(text, text, source, tls=env_tls() if scheme == "tcp" else None)
+    return _from_context(text, source)
+
+
+def engine_specs(flags: Sequence[str] = (), configured: Sequence[str] = (), *,
+                 include_current: bool = True) -> list[EngineSpec]:
+    """The engines to consider, current first, each address once (the first name given wins)."""
+    specs = [current_spec()] if include_current else []
+    specs += [parse_spec(t, "config") for t in configured]
+    specs += [parse_spec(t, "--engine") for t in flags]
+    seen: set[str] = set()
+    unique = []
+    for s in specs:
+        key = s.url or f"name:{s.name}"
+        if key in seen:
+            continue
+        seen.add(key)
+        unique.append(s)
+    return unique
+
+
+# ----------------------------------------------------------------------------- connecting and facts
+
+def connect(spec: EngineSpec, answer_within: float = CONNECT_TIMEOUT_S) -> Engine:
+    """An Engine for `spec`; EngineError (with the reason) when it does not answer."""
+    if spec.problem or not spec.url:
+        raise EngineError(f"engine {spec.name}: {spec.problem or 'no address'}.")
+    return Engine.connect_url(spec.url, name=spec.name, tls=spec.tls, answer_within=answer_within)
+
+
+def is_local_socket(url: str | None) -> bool:
+    if not url or not url.startswith("unix://"):
+        return False
+    return Path(urlparse(url).path or url[len("unix://"):]).exists()
+
+
+def emulated_arches(native: str) -> tuple[str, ...]:
+    """The arches this host runs through binfmt (QEMU user mode), besides its own."""
+    names = {"amd64": "qemu-x86_64", "arm64": "qemu-aarch64"}
+    found = []
+    for arch, entry in names.items():
+        if arch == native:
+            continue
+        try:
+            if (BINFMT / entry).read_text().splitlines()[0].strip() == "enabled":
+                found.append(arch)
+        except (OSError, IndexError):
+            continue
+    return tuple(found)
+
+
+def describe(spec: EngineSpec, engine: Engine | None = None) -> EngineFacts:
+    """Connect (unless given the engine) and read the engine's facts; unreachable is a fact too."""
+    base = dict(name=spec.name, url=spec.url, source=spec.source)
+    if spec.problem:
+        return EngineFacts(**base, reachable=False, reason=spec.problem)
+    try:
+        engine = engine or connect(spec)
+        info = engine.info()
+        arch = engine.arch.value
+    except EngineError as exc:
+        return EngineFacts(**base, reachable=False, reason=exc.message.rstrip("."))
+    local = is_local_socket(spec.url)
+    free, note = None, "not visible from this host (a remote engine)"
+    if local:
+        root = info.get("DockerRootDir") or "/var/lib/docker"
+        try:
+            free, note = shutil.disk_usage(root).free, None
+        except OSError:
+            note = f"{root} is not visible from this host"
+    return EngineFacts(**base, reachable=True, arch=arch, cpus=int(info.get("NCPU") or 0) or None,
+                       memory=int(info.get("MemTotal") or 0) or None, gpu=engine.has_gpu_runtime(),
+                       version=engine.version, free_disk=free, free_disk_note=note,
+                       emulates=emulated_arches(arch) if local else None, local=local)
+
+
+def survey(specs: Iterable[EngineSpec]) -> list[tuple[EngineFacts, Engine | None]]:
+    """Connect to every engine at once (an unreachable one costs its timeout, not everyone's)."""
+    specs = list(specs)
+
+    def one(spec: EngineSpec) -> tuple[EngineFacts, Engine | None]:
+        if spec.problem:
+            return describe(spec), None
+        try:
+            engine = connect(spec)
+        except EngineError as exc:
+            return EngineFacts(spec.name, spec.url, spec.source, reachable=False,
+                               reason=exc.message.rstrip(".")), None
+        facts = describe(spec, engine)
+        return facts, (engine if facts.reachable else None)
+
+    if len(specs) <= 1:
+        return [one(s) for s in specs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(specs))) as pool:
+        return list(pool.map(one, specs))
+
+
+def arch_of(facts: EngineFacts) -> Arch | None:
+    return Arch(facts.arch) if facts.arch else None
