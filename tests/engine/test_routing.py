@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lab.engine.engines import GiB, EngineFacts, engine_specs, parse_spec
+from lab.engine.engines import EngineFacts, GiB, engine_specs, parse_spec
 from lab.engine.routing import Fleet, NoEngineError, routes, share
 
 
@@ -74,9 +74,8 @@ def test_specs_name_urls_and_contexts_and_refuse_other_schemes(monkeypatch, tmp_
 def test_the_fleet_waits_for_a_free_slot_and_moves_on_when_an_engine_is_down():
     fleet = Fleet([(facts("a", cpus=2), object()), (facts("b", cpus=2), object())], jobs=2)
     held = []
-    with fleet.acquire("amd64", False) as (first, _):
-        with fleet.acquire("amd64", False) as (second, _):
-            held = [first, second]
+    with fleet.acquire("amd64", False) as (first, _), fleet.acquire("amd64", False) as (second, _):
+        held = [first, second]
     assert held[0] is not held[1]
     fleet.mark_down("a", "stopped answering")
     with fleet.acquire("amd64", False) as (engine, _):
