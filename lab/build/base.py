@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from filelock import FileLock
 
 from lab.core.cache import cache_dir
 from lab.core.config import current as current_settings
@@ -114,17 +117,30 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
             hint="Run `bin/setup-host` (or `apt-get install mmdebstrap arch-test qemu-user-static`).")
     tag = bootstrap_tag(suite, arch, packages)
     mirror = current_settings().debian_mirror
-    with_packages = f" with {', '.join(packages)}" if packages else ""
-    events("base", f"no registry: bootstrapping Debian {suite} for {arch.value}{with_packages} from {mirror} "
-                   "with mmdebstrap (1-5 minutes)")
-    work = Path(tempfile.mkdtemp(prefix="bootstrap-", dir=cache_dir("bases")))
-    try:
-        rootfs = work / "rootfs.tar"
-        _run_mmdebstrap(bootstrap_command(suite, arch, rootfs, packages), events)
-        events("base", f"importing the rootfs as {tag}")
-        image_id = engine.build_rootfs(rootfs, tag, arch)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    bases = cache_dir("bases")
+    kept = bases / (tag.rpartition(":")[2] + ".rootfs.tar")
+    # one bootstrap of a base at a time (parallel probes, two lab processes), across engines: the
+    # rootfs is kept, so another engine (a second local one, a remote one) gets it through the
+    # build context in seconds, with no registry and no second mmdebstrap
+    with FileLock(str(bases / (tag.rpartition(":")[2] + ".lock"))):
+        image_id = engine.image_id(tag, arch)
+        if image_id:  # made meanwhile by another probe
+            return BaseImage(base, tag, image_id, "bootstrapped", _recipe(suite, arch, packages))
+        if not kept.is_file():
+            with_packages = f" with {', '.join(packages)}" if packages else ""
+            events("base", f"no registry: bootstrapping Debian {suite} for {arch.value}{with_packages} from "
+                           f"{mirror} with mmdebstrap (1-5 minutes)")
+            work = Path(tempfile.mkdtemp(prefix="bootstrap-", dir=bases))
+            try:
+                rootfs = work / "rootfs.tar"
+                _run_mmdebstrap(bootstrap_command(suite, arch, rootfs, packages), events)
+                rootfs.replace(kept)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        events("base", f"importing the rootfs as {tag} on engine {getattr(engine, 'name', 'default')}")
+        with contextlib.suppress(OSError):
+            os.utime(kept)  # least recently used: the cache cap removes it like any other base
+        image_id = engine.build_rootfs(kept, tag, arch)
     return BaseImage(base, tag, image_id, "bootstrapped", _recipe(suite, arch, packages))
 
 

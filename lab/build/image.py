@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+from filelock import FileLock
 from packaging.version import Version
 
 from lab.build import releases
@@ -33,6 +34,7 @@ from lab.build.render import (
     write_site_context,
 )
 from lab.build.resolve import Case
+from lab.core.cache import cache_dir
 from lab.core.errors import BuildError
 from lab.core.records import BuiltImage, Events, no_events
 from lab.core.scrub import redact_secrets, strip_url_credentials
@@ -98,6 +100,16 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
     base_started = time.monotonic()
     base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
     tag = image_tag(plan, base.image_id)
+    # no two builds of one image on one engine at once (parallel cells and probes, two processes):
+    # the second waits, then finds it cached
+    key = hashlib.sha256(f"{engine.engine_id}\0{tag}".encode()).hexdigest()[:32]
+    with FileLock(str(cache_dir("locks") / f"build-{key}.lock")):
+        return _build_locked(plan, engine, host, events, log_path, base, base_started, tag)
+
+
+def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events, log_path: Path | None,
+                  base, base_started: float, tag: str) -> BuiltImage:
+    case = plan.case
     existing = engine.image_id(tag)
     if existing:
         events("build", f"image {tag} is cached")

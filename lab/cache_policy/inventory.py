@@ -37,7 +37,7 @@ from lab.core.errors import LabError
 from lab.core.records import Events, ImageUsage, no_events
 
 LEASES, STAMPS, LAST_COUNT = "leases", "stamps", "last-count.json"
-_OWN = (LEASES, STAMPS, LAST_COUNT)    # the lab's bookkeeping: counted, never evicted
+_OWN = (LEASES, STAMPS, LAST_COUNT, "locks")    # the lab's bookkeeping: counted, never evicted
 # The full count walks the cache folder (about 190,000 files, 3-8 s, for 11 GiB here): after a run it
 # is made again only when the last one is older than this, or found the cache over this share of its cap.
 RECOUNT_S = 600.0

@@ -85,6 +85,8 @@ def test_the_run_folder_gets_the_pip_conf_without_credentials(tmp_path: Path):
 class FakeEngine:
     """Stands in for lab.engine.Engine where only the build's arguments matter."""
 
+    engine_id = "fake-engine"
+
     def __init__(self, local: bool = True, fail_with: BuildError | None = None) -> None:
         self.is_local = local
         self.fail_with = fail_with
