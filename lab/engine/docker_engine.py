@@ -696,24 +696,47 @@ def _short(exc: BaseException) -> str:
 
 # ----------------------------------------------------------------------------- Docker contexts
 
+def docker_config_dir() -> Path:
+    """The docker CLI's configuration folder: DOCKER_CONFIG, else ~/.docker."""
+    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+
+
 def docker_context(name: str) -> tuple[str, object | None] | None:
-    """(host URL, TLS config) of the Docker CLI context `name` (`docker context ls`), or None."""
-    import docker.context
+    """(host URL, TLS config) of the Docker CLI context `name` (`docker context ls`), or None.
+
+    Read from the CLI's context store (contexts/meta/<sha256 of the name>/meta.json and
+    contexts/tls/<id>/docker/*.pem) as the docker CLI does: docker-py's own reader finds no store
+    where the folder has no config.json, which `docker context create` does not write."""
+    if name == "default":
+        return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock", None
+    import hashlib
+    import json
+
+    import docker.tls
+    ident = hashlib.sha256(name.encode()).hexdigest()
+    store = docker_config_dir() / "contexts"
     try:
-        ctx = docker.context.ContextAPI.get_context(name)
-    except Exception:  # noqa: BLE001 - a broken context store is reported as a problem with that context
+        meta = json.loads((store / "meta" / ident / "meta.json").read_text())
+        endpoint = meta["Endpoints"]["docker"]
+        host = str(endpoint.get("Host") or "unix:///var/run/docker.sock")
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    if ctx is None:
-        return None
-    return ctx.Host or "unix:///var/run/docker.sock", ctx.TLSConfig
+    tls_dir = store / "tls" / ident / "docker"
+    pems = {p.stem: str(p) for p in tls_dir.glob("*.pem")} if tls_dir.is_dir() else {}
+    if not pems:
+        return host, None
+    cert = (pems["cert"], pems["key"]) if "cert" in pems and "key" in pems else None
+    verify = not endpoint.get("SkipTLSVerify", False)
+    return host, docker.tls.TLSConfig(client_cert=cert, ca_cert=pems.get("ca"), verify=verify)
 
 
 def current_context_name() -> str:
     """The Docker CLI's current context (config.json `currentContext`), `default` when none."""
+    import json
     try:
-        from docker.context.config import get_current_context_name
-        return get_current_context_name() or "default"
-    except Exception:  # noqa: BLE001
+        data = json.loads((docker_config_dir() / "config.json").read_text())
+        return str(data.get("currentContext") or "default")
+    except (OSError, ValueError, AttributeError):
         return "default"
 
 
