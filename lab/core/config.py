@@ -123,8 +123,8 @@ KEYS: tuple[Key, ...] = (
         "the architecture (amd64 or arm64) picked when a scenario lists several and a command needs one "
         "(render, build, bisect, build-base); `--arch` overrides it"),
     Key("engines", "LAB_ENGINES", EngineList, (),
-        "a list of Docker engines (context names or DOCKER_HOST URLs) to route cases to",
-        later="multi-engine scheduling (not built yet: today the lab uses DOCKER_HOST or the default engine)"),
+        "more Docker engines (context names or DOCKER_HOST URLs: unix://, tcp://, ssh://) that runs, matrices and "
+        "bisections are routed to, besides the current one (`--engine` names the only ones for one command)"),
     Key("cross_install", "LAB_CROSS_INSTALL", bool, True,
         "whether the requirements are cross-installed on the host with uv (true or false; false: pip in "
         "the image installs everything)"),
