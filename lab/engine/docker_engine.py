@@ -48,6 +48,11 @@ LABELS = {LABEL: "true"}
 # runs can remove them on every engine (worker threads are blocked in the engine's API).
 SESSION_LABEL = "org.torch-repro-lab.session"
 SESSION = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+# Ctrl-C closes the gate: a worker thread that goes on (to collect_env, say) after its run's
+# container was removed gets no new container. Creating holds the gate, so none is half made
+# when the session's containers are listed for removal.
+_CREATE_GATE = threading.Lock()
+_STOPPING = threading.Event()
 LAYERS_REPO = "torch-repro-lab/layers"  # anchors for shared layers (see anchor_shared_layers)
 OUT_IN_CONTAINER = "/out"
 # The user the script runs as: the image's `lab` user, made by dockerfiles/debian.Dockerfile.j2
@@ -329,9 +334,12 @@ class Engine:
     def _create(self, image: str, command: list[str], env: dict[str, str], arch: Arch | None,
                 labels: dict[str, str], limits: RunLimits, with_out: bool = False):
         try:
-            return self.client.containers.create(image, command=command, environment={"HOME": RUN_HOME, **env},
-                                                 **container_options(arch, {**LABELS, SESSION_LABEL: SESSION, **labels},
-                                                                    limits, with_out))
+            with _CREATE_GATE:
+                if _STOPPING.is_set():
+                    raise EngineError("the lab is stopping (interrupted): no new container is started")
+                return self.client.containers.create(
+                    image, command=command, environment={"HOME": RUN_HOME, **env},
+                    **container_options(arch, {**LABELS, SESSION_LABEL: SESSION, **labels}, limits, with_out))
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine could not create a container from {image}: {_short(exc)}") from None
 
@@ -480,8 +488,11 @@ class Engine:
         return removed
 
     def remove_session_containers(self) -> int:
-        """Remove (by force) every container this process started on this engine; how many."""
+        """Remove (by force) every container this process started on this engine; how many. From
+        then on this process starts no container on any engine (Ctrl-C ends it)."""
         removed = 0
+        with _CREATE_GATE:
+            _STOPPING.set()
         with contextlib.suppress(Exception):
             for c in self.client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={SESSION}"}):
                 with contextlib.suppress(Exception):

@@ -89,3 +89,36 @@ def test_the_out_size_check_reads_du_and_leaves_no_loader_log():
     assert kwargs["environment"]["LD_DEBUG"] == "" and kwargs["environment"]["LD_PRELOAD"] == ""
     assert _du(_FakeContainer((126, b""))) is None
     assert _du(_FakeContainer(docker.errors.APIError("pids limit"))) is None
+
+
+def test_after_ctrl_c_cleanup_no_worker_gets_a_new_container(monkeypatch):
+    """A worker that goes on after its run's container was removed (to collect_env, say) must not
+    leave a container behind: the cleanup closes the gate, and a create waits on it."""
+    import threading
+
+    import pytest
+
+    from lab.core.errors import EngineError
+    from lab.engine import docker_engine as de
+
+    monkeypatch.setattr(de, "_STOPPING", threading.Event())
+    made: list[str] = []
+
+    class Containers:
+        def create(self, image, **kw):
+            made.append(image)
+            return image
+
+        def list(self, **kw):
+            return []
+
+    class Client:
+        containers = Containers()
+
+    engine = de.Engine(Client())
+    limits = RunLimits()
+    assert engine._create("before", ["true"], {}, None, {}, limits) == "before"
+    engine.remove_session_containers()
+    with pytest.raises(EngineError, match="stopping"):
+        engine._create("after", ["true"], {}, None, {}, limits)
+    assert made == ["before"]

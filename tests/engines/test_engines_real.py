@@ -89,6 +89,9 @@ def test_a_matrix_spreads_across_two_engines(engines, tmp_path):
 
 def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(engines, tmp_path):
     first, second = docker.from_env(), docker.DockerClient(base_url=engines.second.url)
+    for name in ("first", "second"):  # built beforehand, so the two runs start together (15 s timeout)
+        built = lab(engines, "build", str(DATA / "e2e" / "sleeper.yaml"), "--engine", name)
+        assert built.returncode == 0, built.stderr[-3000:]
     proc = subprocess.Popen([*LAB, "run", str(DATA / "e2e" / "sleeper.yaml"), "--repeat", "2", "--no-diagnose",
                              "--engine", "first", "--engine", "second", "--out", str(tmp_path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -103,10 +106,10 @@ def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(en
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    ours = {"label": "org.torch-repro-lab.session"}
-    assert [c.name for c in first.containers.list(all=True, filters=ours)
-            if c.labels.get("org.torch-repro-lab.case", "").startswith("sleeper")] == []
-    assert second.containers.list(all=True, filters=ours) == []
+    def ours(client) -> list[str]:  # the containers this lab process started (session "<pid>-<uuid>")
+        return [c.name for c in client.containers.list(all=True, filters=label)
+                if c.labels["org.torch-repro-lab.session"].startswith(f"{proc.pid}-")]
+    assert ours(first) == [] and ours(second) == []
 
 
 def test_a_parallel_bisection_across_two_engines_finds_the_serial_boundary(engines, tmp_path):
