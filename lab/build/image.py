@@ -31,7 +31,7 @@ from lab.build.render import (
     render_dockerfile,
     system_packages,
     write_context,
-    write_site_context,
+    write_site_tar,
 )
 from lab.build.resolve import Case
 from lab.core.cache import cache_dir
@@ -126,7 +126,7 @@ def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events
         events("build", line)
 
     try:
-        site_args = _ensure_site_image(plan, engine, base.ref, events, on_line)
+        site_args = _ensure_site_image(plan, engine, events)
         with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
             image_id = engine.build(partial(write_context, plan.files), case.arch, base.ref, tag,
                                     {**dict(host.proxies), **site_args, **extra_args}, on_line,
@@ -141,18 +141,18 @@ def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events
                       base_seconds=started - base_started)
 
 
-def _ensure_site_image(plan: BuildPlan, engine: Engine, base_ref: str, events: Events,
-                       on_line) -> dict[str, str]:
+def _ensure_site_image(plan: BuildPlan, engine: Engine, events: Events) -> dict[str, str]:
     """The build arg SITE: the image of the cross-installed tree, built once per tree (its tag
     is the tree's digest), so the case's own context stays small. {} when nothing was."""
     ref = plan.site_image
     if ref is None:
         return {}
-    if engine.image_id(ref, plan.case.arch) is None:
+    # the tag names the arch; an imported image carries the engine's own arch, so it is not checked
+    if engine.image_id(ref) is None:
         tree = next(f for f in plan.files if isinstance(f, ContextTree) and f.arcname == SITE_DIR)
         events("build", f"making {ref}: the venv's packages from the host ({tree.size() / 1e6:.0f} MB), "
-                        "once for every image that uses them")
-        engine.build(partial(write_site_context, tree), plan.case.arch, base_ref, ref, {}, on_line)
+                        "imported once for every image that uses them")
+        engine.import_layer(partial(write_site_tar, tree), ref)
     return {"SITE": ref}
 
 

@@ -5,8 +5,8 @@ the same bytes everywhere. Host specifics (CA bundle, pip settings, local wheels
 venv tree cross-installed on the host, `site/`) are covered by the plan's digest, so a change
 rebuilds. The site tree can be gigabytes: its digest is computed once, when its cache entry is
 made (lab.crossinstall), and only mixed in here. It does not travel in the case's context: it
-becomes an image of its own, `torch-repro-lab/site:<digest>-<arch>` (built once per package set,
-`write_site_context`), which the Dockerfile copies from (`COPY --from=site`).
+becomes an image of its own, `torch-repro-lab/site:<digest>-<arch>` (imported once per package set
+from `write_site_tar`), which the Dockerfile copies from (`COPY --from=site`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ CA_IN_IMAGE = "/etc/lab/ca.crt"
 WHEELS_IN_IMAGE = "/lab/wheels"
 IMAGE_REPO = "torch-repro-lab/case"
 SITE_IMAGE_REPO = "torch-repro-lab/site"  # one image per cross-installed tree, FROM scratch
-SITE_DOCKERFILE = b"FROM scratch\nCOPY site/ /\n"
 RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
 WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
 SITE_DIR = "site"
@@ -323,31 +322,26 @@ def _info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> t
     return info
 
 
-def write_site_context(tree: ContextTree, out: BinaryIO) -> str:
-    """The context of a site image: a Dockerfile FROM scratch and the tree as `site/`."""
+def write_site_tar(tree: ContextTree, out: BinaryIO) -> str:
+    """The site image's only layer, streamed file by file: the tree at the root, as `COPY --from`
+    copies it into the venv. Returns the tar's SHA-256."""
     hasher = _HashingWriter(out)
     with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        tar.addfile(_info("Dockerfile", tarfile.REGTYPE, 0o644, len(SITE_DOCKERFILE)), io.BytesIO(SITE_DOCKERFILE))
-        _add_tree(tar, tree, with_content=True)
+        for e in walk_tree(tree.root) if tree.root is not None else ():
+            if e.kind == "dir":
+                tar.addfile(_info(e.path, tarfile.DIRTYPE, e.mode))
+            elif e.kind == "symlink":
+                tar.addfile(_info(e.path, tarfile.SYMTYPE, e.mode, link=e.link))
+            else:
+                with e.source.open("rb") as fh:
+                    tar.addfile(_info(e.path, tarfile.REGTYPE, e.mode, e.size), fh)
     return hasher.hexdigest()
 
 
-def _add_tree(tar: tarfile.TarFile, tree: ContextTree, with_content: bool = False) -> None:
-    """The tree's folder, and with `with_content` everything in it. A case's context has the
-    folder only (an old Dockerfile's `COPY site/` then finds it empty); the content goes into the
-    site image."""
+def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
+    """The tree's folder only: an old Dockerfile's `COPY site/` then finds it empty. Its content
+    goes into the site image (`write_site_tar`)."""
     tar.addfile(_info(tree.arcname, tarfile.DIRTYPE, 0o755))
-    if tree.root is None or not with_content:
-        return
-    for e in walk_tree(tree.root):
-        name = f"{tree.arcname}/{e.path}"
-        if e.kind == "dir":
-            tar.addfile(_info(name, tarfile.DIRTYPE, e.mode))
-        elif e.kind == "symlink":
-            tar.addfile(_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
-        else:
-            with e.source.open("rb") as fh:
-                tar.addfile(_info(name, tarfile.REGTYPE, e.mode, e.size), fh)
 
 
 class _HashingWriter(io.RawIOBase):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import tarfile
 import tempfile
@@ -235,6 +236,56 @@ class Engine:
             image_id = self.image_id(tag)
         if image_id is None:
             raise BuildError("the build ended without an image.", log="\n".join(log))
+        return image_id
+
+    def import_layer(self, write_tar: Callable[[BinaryIO], object], ref: str) -> str:
+        """A one-layer image made from a tar stream, as `docker import -` does: the tar goes to the
+        engine once, while `write_tar` writes it, and the engine unpacks it straight into a layer,
+        with no build context, no `COPY` and no commit. Import takes no platform (the engine
+        records its own arch), so this serves images that are only a `COPY --from` source, whose
+        tag names the arch. A tar that fails half-way makes no image."""
+        repository, _, tag = ref.rpartition(":")
+        read_fd, write_fd = os.pipe()
+        failed: list[BaseException] = []
+
+        def produce() -> None:
+            try:
+                with open(write_fd, "wb", buffering=1 << 20) as out:
+                    write_tar(out)
+            except BrokenPipeError:
+                pass  # the request ended first: its own error says why
+            except BaseException as exc:  # noqa: BLE001 - handed to the request's thread below
+                failed.append(exc)
+
+        def chunks() -> Iterator[bytes]:
+            with open(read_fd, "rb", buffering=0) as src:
+                while chunk := src.read(1 << 20):
+                    yield chunk
+            writer.join()
+            if failed:  # an error, not the end of the tar: the engine must not keep what it got
+                raise failed[0]
+
+        writer = threading.Thread(target=produce, name=f"import-{tag}", daemon=True)
+        writer.start()
+        try:
+            answer = self.stream_client.api.import_image_from_stream(
+                chunks(), repository=repository, tag=tag, changes=[f"LABEL {LABEL}=true"])
+        except docker.errors.APIError as exc:
+            raise BuildError(f"the engine refused to import {ref}: {_short(exc)}") from None
+        except requests.exceptions.RequestException as exc:
+            if failed:
+                raise BuildError(f"the tar for {ref} could not be written: {failed[0]}") from None
+            raise BuildError(f"the import of {ref} broke: {_short(exc)}") from None
+        finally:
+            writer.join(timeout=_JOIN_S)
+        for line in str(answer).splitlines():
+            with contextlib.suppress(ValueError):
+                error = json.loads(line).get("error")
+                if error:
+                    raise BuildError(f"the engine could not import {ref}: {error.strip()}")
+        image_id = self.image_id(ref)
+        if image_id is None:
+            raise BuildError(f"the import of {ref} ended without an image.")
         return image_id
 
     # --- containers ----------------------------------------------------------

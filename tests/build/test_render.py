@@ -11,7 +11,7 @@ from lab.build.render import (
     render_dockerfile,
     write_context,
     write_context_folder,
-    write_site_context,
+    write_site_tar,
 )
 from lab.build.resolve import resolve
 from lab.report.run_folder import write_scenario
@@ -90,17 +90,18 @@ def test_context_tar_is_byte_stable_and_sorted(cache):
     assert p.site_image == f"torch-repro-lab/site:{p.site.digest[:24]}-arm64"
 
 
-def test_the_site_image_context_streams_the_tree_file_by_file(cache):
+def test_the_site_image_layer_streams_the_tree_file_by_file_at_its_root(cache):
     (tree,) = [f for f in plan(installer=fake_installer).files if isinstance(f, ContextTree)]
     first, second = io.BytesIO(), io.BytesIO()
-    assert write_site_context(tree, first) == write_site_context(tree, second)
+    assert write_site_tar(tree, first) == write_site_tar(tree, second)
     with tarfile.open(fileobj=io.BytesIO(first.getvalue())) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        dockerfile = tar.extractfile("Dockerfile").read()
-    assert dockerfile == b"FROM scratch\nCOPY site/ /\n"
-    assert members["site"].isdir() and members["site/bin/fake"].mode == 0o755  # keeps its executable bit
-    assert members["site/lib/python3.11/site-packages/fake/__init__.py"].mode == 0o644
-    assert "site/.lab-lock.txt" in members and {m.uid for m in members.values()} == {0}
+    # the layer of `docker import`: the tree at / (COPY --from=site / venv/), no Dockerfile
+    assert "Dockerfile" not in members and not [n for n in members if n.startswith("site")]
+    assert members["bin/fake"].mode == 0o755  # keeps its executable bit
+    assert members["lib/python3.11/site-packages/fake/__init__.py"].mode == 0o644
+    assert ".lab-lock.txt" in members and {m.uid for m in members.values()} == {0}
+    assert {m.mtime for m in members.values()} == {0}
 
 
 def test_an_empty_site_is_still_a_folder_in_the_context():

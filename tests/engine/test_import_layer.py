@@ -1,0 +1,59 @@
+"""Engine.import_layer against the real engine: the site image's one pass into Docker."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import uuid
+
+import pytest
+
+from lab.core.errors import BuildError
+from lab.engine.docker_engine import LABEL, Engine
+
+pytestmark = pytest.mark.docker
+
+
+def _tar(out, files: dict[str, bytes], fail_after: int | None = None) -> None:
+    with tarfile.open(fileobj=out, mode="w|") as tar:
+        for n, (name, data) in enumerate(files.items()):
+            if fail_after is not None and n == fail_after:
+                raise OSError(f"{name} vanished while the tar was written")
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755 if name.startswith("bin/") else 0o644
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture
+def engine_and_ref():
+    engine = Engine.connect()
+    ref = f"torch-repro-lab/site:test-{uuid.uuid4().hex[:12]}-arm64"
+    yield engine, ref
+    engine.remove_image(ref)
+
+
+def test_a_tree_streamed_into_the_engine_is_one_layer_with_the_files_at_its_root(engine_and_ref):
+    engine, ref = engine_and_ref
+    # larger than the pipe and the request's chunks, so the writer and the request run side by side
+    files = {"bin/tool": b"#!/bin/sh\necho hi\n", "lib/big.bin": bytes(range(256)) * 12_000, ".lab-lock.txt": b"x\n"}
+    image_id = engine.import_layer(lambda out: _tar(out, files), ref)
+    image = engine.client.images.get(ref)
+    assert image.id == image_id and image.labels.get(LABEL) == "true"  # the lab's own: cache info sees it
+    assert len(image.attrs["RootFS"]["Layers"]) == 1
+    # what `COPY --from=site /` copies: read back through a container made (never started) from it
+    container = engine.client.containers.create(ref, command=["none"])
+    try:
+        stream, _ = container.get_archive("/lib/big.bin")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            assert tar.extractfile("big.bin").read() == files["lib/big.bin"]
+    finally:
+        container.remove()
+
+
+def test_a_tar_that_fails_half_way_makes_no_image(engine_and_ref):
+    engine, ref = engine_and_ref
+    files = {f"lib/f{i}.bin": bytes(4096) * 64 for i in range(20)}
+    with pytest.raises(BuildError) as err:
+        engine.import_layer(lambda out: _tar(out, files, fail_after=10), ref)
+    assert "vanished while the tar was written" in err.value.message
+    assert engine.image_id(ref) is None
