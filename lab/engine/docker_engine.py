@@ -8,6 +8,7 @@ run ends (with its anonymous /out volume): on success, on error, on timeout and 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -56,6 +57,8 @@ _CREATE_GATE = threading.Lock()
 _STOPPING = threading.Event()
 LAYERS_REPO = "torch-repro-lab/layers"  # anchors for shared layers (see anchor_shared_layers)
 OUT_IN_CONTAINER = "/out"
+# The PATH a build FROM scratch gives an image (the base the lab loads from a rootfs gets it too)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The user the script runs as: the image's `lab` user, made by dockerfiles/debian.Dockerfile.j2
 # (which also makes /out and its sub-folders, owned by it: Docker copies them into the new
 # volume). Numeric, so that an image without that user (a bare base in `lab doctor`) runs too.
@@ -179,16 +182,43 @@ class Engine:
         return image.id
 
     def build_rootfs(self, rootfs: Path, tag: str, arch: Arch) -> str:
-        """Turn a rootfs tarball into an image of `arch` (FROM scratch; ADD rootfs.tar /)."""
-        dockerfile = b'FROM scratch\nADD rootfs.tar /\nCMD ["bash"]\n'
-        with tempfile.TemporaryFile() as ctx:
-            with tarfile.open(fileobj=ctx, mode="w") as tar:
-                info = tarfile.TarInfo("Dockerfile")
-                info.size = len(dockerfile)
-                tar.addfile(info, io.BytesIO(dockerfile))
-                tar.add(rootfs, arcname="rootfs.tar")
-            ctx.seek(0)
-            return self._build(ctx, tag, arch, {}, lambda line: None)
+        """Turn a rootfs tarball into an image of `arch` (as `FROM scratch`, `ADD rootfs.tar /` and
+        `CMD ["bash"]` would), through the engine's image load: a one-layer image whose config the
+        lab writes, so the engine unpacks the tar once (a build would send it as a context, unpack
+        it with ADD, then diff and commit it again)."""
+        digest = hashlib.sha256()
+        with rootfs.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+        config = json.dumps({
+            "architecture": arch.value, "os": "linux", **({"variant": "v8"} if arch is Arch.ARM64 else {}),
+            "created": "1970-01-01T00:00:00Z",
+            "config": {"Env": [f"PATH={DEFAULT_PATH}"], "Cmd": ["bash"], "Labels": dict(LABELS)},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest.hexdigest()}"]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": f"torch-repro-lab: {rootfs.name}"}],
+        }, sort_keys=True).encode()
+        config_name = hashlib.sha256(config).hexdigest() + ".json"
+        manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": ["rootfs/layer.tar"]}]).encode()
+
+        def write_tar(out: BinaryIO) -> None:
+            with tarfile.open(fileobj=out, mode="w|") as tar:
+                for name, data in (("manifest.json", manifest), (config_name, config)):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                tar.add(rootfs, arcname="rootfs/layer.tar")
+
+        with _TarStream(write_tar) as body:
+            try:
+                for chunk in self.stream_client.api.load_image(body):
+                    if chunk.get("error"):
+                        raise BuildError(f"the engine could not load {tag}: {chunk['error'].strip()}")
+            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                raise BuildError(body.why_broken(f"load {tag}", exc)) from None
+        image_id = self.image_id(tag, arch)
+        if image_id is None:
+            raise BuildError(f"the load of {tag} ended without an image of {arch.value}.")
+        return image_id
 
     @property
     def is_local(self) -> bool:
@@ -245,39 +275,12 @@ class Engine:
         records its own arch), so this serves images that are only a `COPY --from` source, whose
         tag names the arch. A tar that fails half-way makes no image."""
         repository, _, tag = ref.rpartition(":")
-        read_fd, write_fd = os.pipe()
-        failed: list[BaseException] = []
-
-        def produce() -> None:
+        with _TarStream(write_tar) as body:
             try:
-                with open(write_fd, "wb", buffering=1 << 20) as out:
-                    write_tar(out)
-            except BrokenPipeError:
-                pass  # the request ended first: its own error says why
-            except BaseException as exc:  # noqa: BLE001 - handed to the request's thread below
-                failed.append(exc)
-
-        def chunks() -> Iterator[bytes]:
-            with open(read_fd, "rb", buffering=0) as src:
-                while chunk := src.read(1 << 20):
-                    yield chunk
-            writer.join()
-            if failed:  # an error, not the end of the tar: the engine must not keep what it got
-                raise failed[0]
-
-        writer = threading.Thread(target=produce, name=f"import-{tag}", daemon=True)
-        writer.start()
-        try:
-            answer = self.stream_client.api.import_image_from_stream(
-                chunks(), repository=repository, tag=tag, changes=[f"LABEL {LABEL}=true"])
-        except docker.errors.APIError as exc:
-            raise BuildError(f"the engine refused to import {ref}: {_short(exc)}") from None
-        except requests.exceptions.RequestException as exc:
-            if failed:
-                raise BuildError(f"the tar for {ref} could not be written: {failed[0]}") from None
-            raise BuildError(f"the import of {ref} broke: {_short(exc)}") from None
-        finally:
-            writer.join(timeout=_JOIN_S)
+                answer = self.stream_client.api.import_image_from_stream(
+                    body, repository=repository, tag=tag, changes=[f"LABEL {LABEL}=true"])
+            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                raise BuildError(body.why_broken(f"import {ref}", exc)) from None
         for line in str(answer).splitlines():
             with contextlib.suppress(ValueError):
                 error = json.loads(line).get("error")
@@ -749,6 +752,48 @@ def _remove(container) -> None:
         time.sleep(1)
         with contextlib.suppress(docker.errors.APIError):
             container.remove(force=True, v=True)
+
+
+class _TarStream:
+    """A tar that `write_tar` writes in a thread, read in chunks as a request's body (chunked), so
+    that the engine receives it while it is written, with no temp file. When writing fails, reading
+    raises instead of ending, so the engine sees a broken upload, never a short tar."""
+
+    def __init__(self, write_tar: Callable[[BinaryIO], object]) -> None:
+        self.failure: BaseException | None = None
+        self._read_fd, write_fd = os.pipe()
+
+        def produce() -> None:
+            try:
+                with open(write_fd, "wb", buffering=1 << 20) as out:
+                    write_tar(out)
+            except BrokenPipeError:
+                pass  # the request ended first: its own error says why
+            except BaseException as exc:  # noqa: BLE001 - handed to the request's thread
+                self.failure = exc
+
+        self._writer = threading.Thread(target=produce, name="tar-stream", daemon=True)
+        self._writer.start()
+        self._reader = open(self._read_fd, "rb", buffering=0)  # noqa: SIM115 - closed by __exit__
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self._reader.read(1 << 20):
+            yield chunk
+        self._writer.join()
+        if self.failure is not None:
+            raise OSError(f"the tar could not be written: {self.failure}")
+
+    def why_broken(self, what: str, exc: BaseException) -> str:
+        if self.failure is not None:
+            return f"the tar to {what} could not be written: {self.failure}"
+        return f"the engine could not {what}: {_short(exc)}"
+
+    def __enter__(self) -> _TarStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._reader.close()  # a writer still writing gets a broken pipe and ends
+        self._writer.join(timeout=_JOIN_S)
 
 
 def _short(exc: BaseException) -> str:

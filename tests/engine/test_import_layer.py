@@ -10,6 +10,7 @@ import pytest
 
 from lab.core.errors import BuildError
 from lab.engine.docker_engine import LABEL, Engine
+from lab.scenario.schema import Arch
 
 pytestmark = pytest.mark.docker
 
@@ -55,5 +56,28 @@ def test_a_tar_that_fails_half_way_makes_no_image(engine_and_ref):
     files = {f"lib/f{i}.bin": bytes(4096) * 64 for i in range(20)}
     with pytest.raises(BuildError) as err:
         engine.import_layer(lambda out: _tar(out, files, fail_after=10), ref)
-    assert "vanished while the tar was written" in err.value.message
+    assert "could not be written" in err.value.message and "vanished while the tar was written" in err.value.message
     assert engine.image_id(ref) is None
+
+
+def test_a_rootfs_is_loaded_as_a_base_of_its_arch_with_the_config_a_build_from_scratch_gives(tmp_path):
+    """Engine.build_rootfs: the bootstrapped base, loaded in one pass with the lab's own config."""
+    engine = Engine.connect()
+    tag = f"torch-repro-lab/debian:test-{uuid.uuid4().hex[:12]}-arm64"
+    rootfs = tmp_path / "rootfs.tar"
+    with rootfs.open("wb") as out:
+        _tar(out, {"etc/os-release": b'ID=debian\n', "bin/bash": b"not really\n"})
+    try:
+        image_id = engine.build_rootfs(rootfs, tag, Arch.ARM64)
+        assert engine.image_id(tag, Arch.ARM64) == image_id  # the arch a run and the cache check ask for
+        attrs = engine.client.images.get(tag).attrs
+        assert (attrs["Os"], attrs["Architecture"], attrs.get("Variant")) == ("linux", "arm64", "v8")
+        config = attrs["Config"]
+        assert config["Cmd"] == ["bash"] and config["Labels"] == {LABEL: "true"}
+        assert config["Env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        assert len(attrs["RootFS"]["Layers"]) == 1
+        # loading it again (another engine, or after a prune) gives the same image
+        engine.remove_image(tag)
+        assert engine.build_rootfs(rootfs, tag, Arch.ARM64) == image_id
+    finally:
+        engine.remove_image(tag)
