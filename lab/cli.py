@@ -510,7 +510,8 @@ def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
 
 
 _COLOURS = {"reproduced": "bold red", "not_reproduced": "bold green", "error": "bold yellow",
-            "timeout": "bold yellow", "flaky": "bold magenta", "mixed": "bold magenta"}
+            "timeout": "bold yellow", "flaky": "bold magenta", "mixed": "bold magenta",
+            "failed_differently": "bold dark_orange"}
 
 
 def _print_outcome(outcome) -> None:
@@ -538,15 +539,20 @@ def bisect_cmd(
                                               "(by default each is removed after its probe).")] = False,
     engines: EngineOpt = None,
     jobs: JobsOpt = None,
+    failed_differently: Annotated[str, typer.Option(
+        "--failed-differently", help="How a probe that fails, but not with the scenario's signature, counts: "
+        "skip (never a boundary), reproduced or not-reproduced.")] = "skip",
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
     slots (--jobs, or engines), each round probes that many releases at once (k-ary bisection)."""
     def body() -> None:
         from lab.build.hostpip import discover
+        from lab.compare.diff import boundary_lines, counting
         from lab.drivers.bisect_run import run_bisect
         from lab.scenario.schema import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
+        counted = counting(failed_differently)
         loaded = _load(scenario)
         runs_root = _runs_root(out_dir)
         fleet = _fleet(engines, jobs)
@@ -573,7 +579,8 @@ def bisect_cmd(
             with Progress() as progress:
                 run = run_bisect(loaded, scenario, old_v, new_v, _arch_for(loaded, arch), None, discover(),
                                  runs_root, progress, pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe,
-                                 on_start=on_start, keep_images=keep_images, fleet=fleet)
+                                 on_start=on_start, keep_images=keep_images, fleet=fleet,
+                                 failed_differently=counted)
         except KeyboardInterrupt:
             if resume:
                 err.print(f"resume with: [bold]{escape(resume[0])}[/]")
@@ -583,6 +590,8 @@ def bisect_cmd(
             err.print(f"{len(result.steps)} probes in {result.rounds} rounds, up to {result.width} at once")
         colour = "bold" if result.status == "found" else "bold yellow"
         err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
+        for line in boundary_lines(result):
+            err.print(escape(line))
         err.print(f"report: {run.folder / 'bisect.md'}")
         if as_json:
             out.print(json.dumps(result.to_json()), markup=False)
