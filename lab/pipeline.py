@@ -294,13 +294,18 @@ _PYTHONS = ("3.11", "3.12", "3.10", "3.13", "3.9", "3.8", "3.14")
 def read_torch_build(engine: Engine, tag: str, case: Case) -> TorchBuild | None:
     """torch/version.py of the image's venv (release, git commit, CUDA), read without starting a
     container; None when the image has no torch there."""
-    first = base_python(case.scenario.base)
-    for python in dict.fromkeys((first, *_PYTHONS) if first else _PYTHONS):
-        data = engine.read_file(tag, f"{VENV_IN_IMAGE}/lib/python{python}/site-packages/torch/version.py")
+    data = read_torch_file(engine, tag, case, "torch/version.py")
+    return None if data is None else parse_version_file(data.decode("utf-8", "replace"))
+
+
+def read_torch_file(engine: Engine, tag: str, case: Case, relpath: str) -> bytes | None:
+    """A file of the image's venv site-packages (`torch/version.py`), or None when it is absent. The
+    base's Python is known for Debian and Ubuntu bases; otherwise the usual ones are tried."""
+    known = base_python(case.scenario.base)
+    for python in (known,) if known else _PYTHONS:
+        data = engine.read_file(tag, f"{VENV_IN_IMAGE}/lib/python{python}/site-packages/{relpath}")
         if data is not None:
-            return parse_version_file(data.decode("utf-8", "replace"))
-        if first:  # the base's Python is known: no need to guess
-            return None
+            return data
     return None
 
 

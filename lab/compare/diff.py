@@ -221,8 +221,7 @@ def signature(folder: Path, result: RunResult) -> Signature | None:
 
 def user_frame(frames: Iterable[str]) -> str | None:
     """The innermost traceback frame in the scenario's own script (not torch, not Python)."""
-    mine = [f for f in frames if _SCRIPT_DIR in f or ("site-packages" not in f and "/usr/lib/python" not in f
-                                                      and "<frozen" not in f and "lab_run.py" not in f)]
+    mine = [f for f in frames if _SCRIPT_DIR in f]
     if not mine:
         return None
     return " ".join(mine[-1].split())[:300]
@@ -492,6 +491,8 @@ def boundary_lines(result: BisectResult) -> list[str]:
     if fd:
         how = "skipped" if result.failed_differently == SKIP else f"counted as {result.failed_differently}"
         out.append(f"failed differently ({how}): " + ", ".join(p.version for p in fd))
+    if result.localization:
+        out.append(f"localization: {result.localization}")
     if result.compare:
         out.append("what changed at the boundary (lab compare):")
         out += [f"  {line}" for line in result.compare]

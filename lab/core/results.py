@@ -495,6 +495,8 @@ class BisectResult(Document):
     failed_differently: Outcome = SKIP
     source: SourceBoundary | None = None          # the boundary's commits, compare link, git bisect line
     compare: tuple[str, ...] = ()                 # the compare summary of the boundary pair (lab compare)
+    localization: str | None = None               # the bad boundary release localized (lab.drivers.localize)
+    localize_dir: str | None = None               # its localize.json and localize.md
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -70,6 +70,8 @@ class BisectView:
     failed: tuple[tuple[str, str, str], ...] = ()  # release, expected, observed (escaped cells)
     failed_counted: str = ""
     compare: str = ""                             # lab compare's summary of the boundary pair
+    localization: str = ""
+    localize_link: str = ""
 
 
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
@@ -94,7 +96,8 @@ def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectR
                      for p in result.steps if p.verdict == FAILED_DIFFERENTLY),
         failed_counted=("skipped: never a boundary" if result.failed_differently == SKIP else
                         f"counted as {result.failed_differently} (--failed-differently)"),
-        compare="\n".join(result.compare)))
+        compare="\n".join(result.compare), localization=_md(result.localization or ""),
+        localize_link="localize/localize.md" if result.localize_dir else ""))
 
 
 def _source(result: BisectResult) -> tuple[tuple[str, str], ...]:

@@ -91,7 +91,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                on_start: Callable[[list[str], Path, str], None] | None = None,
                keep_images: bool = False, run_case: RunCase | None = None,
                candidates: Releases | None = None, fleet: Fleet | None = None,
-               failed_differently: str = SKIP) -> BisectRun:
+               failed_differently: str = SKIP, localize: bool = True) -> BisectRun:
     """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
 
     `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
@@ -110,7 +110,9 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     default, so it is never the boundary; `failed_differently` ("reproduced" or "not_reproduced")
     counts it on that side instead. The result pins the boundary to PyTorch's source (the two
     releases' commits, a compare link, a `git bisect start` line) and carries `lab compare`'s
-    summary of the boundary pair."""
+    summary of the boundary pair. With `localize`, a boundary release that reproduces a compile
+    failure is localized (lab.drivers.localize: the ablation's layer, compiler_bisector's subsystem)
+    into `<folder>/localize/`."""
     from lab.drivers.bisect_report import write_bisect_report
     if run_case is None:
         from lab.pipeline import run_case as production
@@ -198,6 +200,21 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         "scenario": scenario.name, "arch": arch, "candidates": tuple(found), "folder": str(folder),
         "resume": resume, "failed_differently": failed_differently})
     result = at_the_boundary(result)
+    bad = _bad_release(result) if localize else None
+    if bad is not None:
+        from lab.drivers.localize import localize as localize_case
+        case = resolve(scenario, torch=bad, arch=arch, sets=sets)
+        where = folder / "localize"
+
+        def examine(on: Engine, emulated: bool | None = None):
+            return localize_case(case, on, host, runs_root, where, events, run_case=run_case)
+        try:
+            found_out = examine(engine) if fleet is None else on_engine(
+                fleet, arch, scenario.gpu, f"the localization of torch {bad}", examine, events)
+            result = result.model_copy(update={"localization": f"torch {bad}: {found_out.conclusion}",
+                                               "localize_dir": str(where)})
+        except LabError as exc:  # the bisection stands; say why it was not localized
+            result = result.model_copy(update={"localization": f"torch {bad} was not localized: {exc}"})
     write_bisect_report(folder, scenario.name, arch, result, found, resume)
     return BisectRun(folder, result, found, resume)
 
@@ -219,6 +236,18 @@ def at_the_boundary(result: BisectResult) -> BisectResult:
         except LabError as exc:
             lines = (f"the boundary pair could not be compared: {exc}",)
     return result.model_copy(update={"source": source, "compare": lines})
+
+
+def _bad_release(result: BisectResult) -> str | None:
+    """The boundary release that reproduces, when its failure came from the compiler stack."""
+    from lab.drivers.localize import is_compile_failure
+    if result.status != FOUND:
+        return None
+    bad = result.first_new if result.to_verdict == "reproduced" else result.last_old
+    probe = next((p for p in result.steps if p.version == bad), None)
+    if probe is None or probe.verdict != "reproduced" or not probe.run_dir:
+        return None
+    return bad if is_compile_failure(Path(probe.run_dir)) else None
 
 
 def _finished(run_dir: Path) -> RunResult | None:
