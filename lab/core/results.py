@@ -681,7 +681,8 @@ def _parse_json(raw: bytes | str, where: str) -> dict[str, Any]:
 
 
 _KIND_WORDS = {"run": "a run's result", "evidence": "a run's evidence", "bisect": "a bisection's result",
-               "matrix": "a matrix's result", "ablation": "an ablation's result"}
+               "matrix": "a matrix's result", "ablation": "an ablation's result",
+               "compare": "a comparison of two runs", "localize": "a localization"}
 
 
 def _schema_version(data: dict[str, Any], where: str, kind: str) -> int:
