@@ -510,7 +510,8 @@ def _ablate(case, engine, host, runs_root: Path, as_json: bool) -> None:
 
 
 _COLOURS = {"reproduced": "bold red", "not_reproduced": "bold green", "error": "bold yellow",
-            "timeout": "bold yellow", "flaky": "bold magenta", "mixed": "bold magenta"}
+            "timeout": "bold yellow", "flaky": "bold magenta", "mixed": "bold magenta",
+            "failed_differently": "bold dark_orange"}
 
 
 def _print_outcome(outcome) -> None:
@@ -538,15 +539,22 @@ def bisect_cmd(
                                               "(by default each is removed after its probe).")] = False,
     engines: EngineOpt = None,
     jobs: JobsOpt = None,
+    failed_differently: Annotated[str, typer.Option(
+        "--failed-differently", help="How a probe that fails, but not with the scenario's signature, counts: "
+        "skip (never a boundary), reproduced or not-reproduced.")] = "skip",
+    localize: Annotated[bool, typer.Option("--localize/--no-localize", help="Localize a compile failure at the "
+                                           "boundary (ablation, then compiler_bisector where torch ships it).")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
     slots (--jobs, or engines), each round probes that many releases at once (k-ary bisection)."""
     def body() -> None:
         from lab.build.hostpip import discover
+        from lab.compare.diff import boundary_lines, counting
         from lab.drivers.bisect_run import run_bisect
         from lab.scenario.schema import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
+        counted = counting(failed_differently)
         loaded = _load(scenario)
         runs_root = _runs_root(out_dir)
         fleet = _fleet(engines, jobs)
@@ -573,7 +581,8 @@ def bisect_cmd(
             with Progress() as progress:
                 run = run_bisect(loaded, scenario, old_v, new_v, _arch_for(loaded, arch), None, discover(),
                                  runs_root, progress, pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe,
-                                 on_start=on_start, keep_images=keep_images, fleet=fleet)
+                                 on_start=on_start, keep_images=keep_images, fleet=fleet,
+                                 failed_differently=counted, localize=localize)
         except KeyboardInterrupt:
             if resume:
                 err.print(f"resume with: [bold]{escape(resume[0])}[/]")
@@ -583,7 +592,66 @@ def bisect_cmd(
             err.print(f"{len(result.steps)} probes in {result.rounds} rounds, up to {result.width} at once")
         colour = "bold" if result.status == "found" else "bold yellow"
         err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
+        for line in boundary_lines(result):
+            err.print(escape(line))
         err.print(f"report: {run.folder / 'bisect.md'}")
+        if as_json:
+            out.print(json.dumps(result.to_json()), markup=False)
+    _guard(body)
+
+
+@command("compare")
+def compare_cmd(
+    a: Annotated[Path, typer.Argument(help="A run folder, or a bisect folder (its boundary pair).")],
+    b: Annotated[Path | None, typer.Argument(help="The other run folder.", show_default=False)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What changed between two runs of one scenario, most telling first: verdict and exception, graph
+    breaks, loaded libraries, pip packages, environment, Dockerfile."""
+    def body() -> None:
+        from lab.compare.diff import compare_runs, resolve_pair
+        c = compare_runs(*resolve_pair(a, b))
+        for line in c.summary:
+            (err if as_json else out).print(escape(line), highlight=False)
+        if as_json:
+            out.print(json.dumps(c.to_json()), markup=False)
+    _guard(body)
+
+
+@command("comment")
+def comment_cmd(
+    folder: Annotated[Path, typer.Argument(help="A run folder or a bisect folder.")],
+) -> None:
+    """Print a Markdown comment ready to paste into a GitHub issue (secrets scrubbed as in bundles)."""
+    def body() -> None:
+        from lab.compare.comment import render_comment
+        out.print(render_comment(folder), markup=False, highlight=False, soft_wrap=True)
+    _guard(body)
+
+
+@command("localize")
+def localize_cmd(
+    scenario: ScenarioArg,
+    torch: TorchOpt = None,
+    arch: ArchOpt = None,
+    out_dir: OutOpt = None,
+    engines: EngineOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Localize a compile bug on one release: the backend ablation names the layer, then
+    torch._inductor.compiler_bisector (where the release ships it) names the subsystem or pass."""
+    def body() -> None:
+        from lab.build.hostpip import discover
+        from lab.drivers.localize import localize
+        from lab.report.run_folder import new_run_dir
+        case = _case(scenario, torch, arch)
+        host = discover()
+        engine = _engine_for(_fleet(engines, None), case)
+        runs_root = _runs_root(out_dir)
+        with Progress() as progress:
+            result = localize(case, engine, host, runs_root, new_run_dir(runs_root, case, suffix="localize"),
+                              progress)
+        err.print(f"localize: [bold]{escape(result.conclusion)}[/]")
         if as_json:
             out.print(json.dumps(result.to_json()), markup=False)
     _guard(body)

@@ -12,15 +12,17 @@ from typing import Protocol
 from lab.analyze.dynamo import Diagnostics, load_diagnostics
 from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
+from lab.analyze.torchbuild import parse_version_file
+from lab.build.crossinstall import VENV_IN_IMAGE
 from lab.build.hostpip import HostPip
 from lab.build.image import build_image
 from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
-from lab.build.resolve import Case
+from lab.build.resolve import Case, base_python
 from lab.cache_policy import inventory as cache_policy
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
-from lab.core.results import RunResult, StageTimes
+from lab.core.results import RunResult, StageTimes, TorchBuild
 from lab.engine.docker_engine import Engine
 from lab.history.index import record_run
 from lab.report import run_folder as report
@@ -126,6 +128,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
         report.write_scenario(run_dir, case, image.base)
         _save_freeze(engine, image.tag, run_dir)
+        torch_build = read_torch_build(engine, image.tag, case)
         with clock("run"):
             raw = _run_script(case, engine, image.tag, run_dir, events, limits)
         with clock("analyze"):
@@ -146,7 +149,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.base,
                                collect_env=collected, diagnostics=diagnostics,
                                diagnose=("ran: " if run_it else "not run: ") + why,
-                               timings=clock.times(), **record)
+                               timings=clock.times(), torch_build=torch_build, **record)
         return RunOutcome(run_dir, report.write_results(rec), judgement)
     except KeyboardInterrupt:
         report.mark_unfinished(run_dir, case, "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)")
@@ -283,6 +286,27 @@ def _collect_env(engine: Engine, image, case: Case, events: Events) -> str:
     except OSError:
         pass  # a cache that cannot be written costs time, never the run
     return output
+
+
+_PYTHONS = ("3.11", "3.12", "3.10", "3.13", "3.9", "3.8", "3.14")
+
+
+def read_torch_build(engine: Engine, tag: str, case: Case) -> TorchBuild | None:
+    """torch/version.py of the image's venv (release, git commit, CUDA), read without starting a
+    container; None when the image has no torch there."""
+    data = read_torch_file(engine, tag, case, "torch/version.py")
+    return None if data is None else parse_version_file(data.decode("utf-8", "replace"))
+
+
+def read_torch_file(engine: Engine, tag: str, case: Case, relpath: str) -> bytes | None:
+    """A file of the image's venv site-packages (`torch/version.py`), or None when it is absent. The
+    base's Python is known for Debian and Ubuntu bases; otherwise the usual ones are tried."""
+    known = base_python(case.scenario.base)
+    for python in (known,) if known else _PYTHONS:
+        data = engine.read_file(tag, f"{VENV_IN_IMAGE}/lib/python{python}/site-packages/{relpath}")
+        if data is not None:
+            return data
+    return None
 
 
 def _save_freeze(engine: Engine, tag: str, run_dir: Path) -> None:

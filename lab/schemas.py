@@ -13,8 +13,10 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from lab.bundle.manifest import Manifest
+from lab.compare.diff import Comparison
 from lab.core.errors import ScenarioError
 from lab.core.results import RUN_FILE, SCHEMA_VERSION, AblationResult, BisectResult, EvidenceRecord, MatrixResult
+from lab.drivers.localize import LocalizeResult
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -26,6 +28,9 @@ SCHEMAS: dict[str, tuple[str, Any]] = {
     "bisect": ("bisect.json and `lab bisect --json`", BisectResult),
     "matrix": ("`lab run --json` of a matrix (several torch versions or arches)", MatrixResult),
     "ablation": ("ablation.json and `lab run --ablate --json`", AblationResult),
+    "compare": ("`lab compare A B --json`: what changed between two runs of one scenario", Comparison),
+    "localize": ("localize.json and `lab localize --json`: the layer and subsystem of a compile bug",
+                 LocalizeResult),
     "bundle-manifest": ("bundle.json, the first member of a bundle (`lab bundle --inspect --json`); its "
                         "`format_version` is its schema version", Manifest),
 }

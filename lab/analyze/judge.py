@@ -4,14 +4,16 @@ Infrastructure failures (a build that failed, an emulator that crashed, a
 container killed for memory or for filling /out, torch that does not import) are `error`, never
 `not_reproduced`: they say nothing about the bug. Otherwise the case is
 `reproduced` when every expectation holds, like `check_str` in Dynamo's minifier:
-a different crash is not a reproduction.
+a different crash is not a reproduction. Nor is it an absence of the bug: a run whose
+expectations fail while the script itself failed (an exception, a non-zero exit) is
+`failed_differently`, with the scenario's signature and the run's side by side.
 """
 
 from __future__ import annotations
 
 from lab.analyze.evidence import Evidence
 from lab.core.records import STOPPED_OUT_FULL
-from lab.core.results import Check, Judgement, Verdict
+from lab.core.results import Check, FailureSignatures, Judgement, Verdict
 from lab.scenario.schema import Expect
 
 __all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge"]
@@ -52,8 +54,44 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
     if not failed:
         return _judgement(Verdict.REPRODUCED, "every expectation held: " +
                          "; ".join(f"{c.key} ({c.observed})" for c in checks), checks)
+    if script_failed(ev):
+        pair = FailureSignatures(expected=expected_signature(expect), observed=observed_signature(ev))
+        return Judgement(verdict=Verdict.FAILED_DIFFERENTLY, checks=checks, different=pair,
+                         reason=f"failed differently: expected {pair.expected}; observed {pair.observed}")
     return _judgement(Verdict.NOT_REPRODUCED, "; ".join(
         f"{c.key}: expected {c.expected}, observed {c.observed}" for c in failed), checks)
+
+
+def script_failed(ev: Evidence) -> bool:
+    """Whether the script itself failed: it raised, or exited with a non-zero code."""
+    return ev.exception is not None or (ev.exit_code is not None and ev.exit_code != 0)
+
+
+def expected_signature(expect: Expect) -> str:
+    """The scenario's signature in words: what its expectations say the bug looks like."""
+    parts = []
+    if expect.traceback_contains is not None:
+        parts.append(f"an exception containing {expect.traceback_contains!r}")
+    if expect.duplicate_runtime is not None:
+        parts.append(f"two or more {expect.duplicate_runtime} in one process")
+    if expect.stdout_contains is not None:
+        parts.append(f"stdout containing {expect.stdout_contains!r}")
+    if expect.stderr_contains is not None:
+        parts.append(f"stderr containing {expect.stderr_contains!r}")
+    if expect.graph_breaks is not None:
+        parts.append(f"{expect.graph_breaks} graph breaks")
+    if expect.exit_code is not None:
+        parts.append(f"exit code {expect.exit_code}")
+    return ", ".join(parts) or "no expectation"
+
+
+def observed_signature(ev: Evidence) -> str:
+    """How the run failed, in the same words: its exception, duplicate runtimes and exit code."""
+    exc = ev.exception
+    parts = [exc.headline[:300] if exc is not None else "no exception"]
+    parts += [f"two or more {d.family} in one process" for d in ev.duplicate_runtimes]
+    parts.append("no exit code (killed)" if ev.exit_code is None else f"exit code {ev.exit_code}")
+    return ", ".join(parts)
 
 
 def _broken_environment(ev: Evidence) -> str | None:

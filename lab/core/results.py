@@ -55,24 +55,36 @@ class Verdict(str, Enum):
     NOT_REPRODUCED = "not_reproduced"
     ERROR = "error"        # infrastructure: a failed build, an emulator crash, out of memory, no torch
     TIMEOUT = "timeout"
+    # the script failed, but not with the scenario's signature (another exception, another exit):
+    # never silently `not_reproduced`; a bisection skips it unless told to count it on one side
+    FAILED_DIFFERENTLY = "failed_differently"
 
 
-# A bisection's view of a verdict: `error` and `timeout` say nothing about the bug, so they are a skip.
+# A bisection's view of a verdict: `error` and `timeout` say nothing about the bug, so they are a skip;
+# so is `failed_differently` unless the bisection is told to count it on one side.
 REPRODUCED, NOT_REPRODUCED, SKIP = "reproduced", "not_reproduced", "skip"
+FAILED_DIFFERENTLY = "failed_differently"
 OUTCOMES = (REPRODUCED, NOT_REPRODUCED, SKIP)
 Outcome = Literal["reproduced", "not_reproduced", "skip"]
 Arch = Literal["amd64", "arm64"]
 
 
-def outcome_of(verdict: object) -> str:
+def outcome_of(verdict: object, failed_differently: str = SKIP) -> str:
     """A verdict (`Verdict` or its string) as a bisection outcome: `reproduced` and `not_reproduced`
-    pass through; `error`, `timeout` (and `skip` itself) are `skip`."""
+    pass through; `error`, `timeout` (and `skip` itself) are `skip`; `failed_differently` is
+    `failed_differently` (default `skip`, or one of the sides)."""
     value = str(getattr(verdict, "value", verdict))
     if value in (REPRODUCED, NOT_REPRODUCED):
         return value
     if value in (Verdict.ERROR.value, Verdict.TIMEOUT.value, SKIP):
         return SKIP
-    raise ValueError(f"unknown verdict {value!r}; expected reproduced, not_reproduced, error or timeout")
+    if value == FAILED_DIFFERENTLY:
+        if failed_differently not in OUTCOMES:
+            raise ValueError(f"a failed_differently probe counts as one of {', '.join(OUTCOMES)}, "
+                             f"not {failed_differently!r}")
+        return failed_differently
+    raise ValueError(f"unknown verdict {value!r}; expected reproduced, not_reproduced, failed_differently, "
+                     "error or timeout")
 
 
 def _iso_time(value: str) -> str:
@@ -120,10 +132,27 @@ class Check(Record):
     held: bool
 
 
+class FailureSignatures(Record):
+    """A run that failed, but not with the scenario's signature: both signatures, side by side."""
+
+    expected: str   # what the scenario's expectations say the bug looks like
+    observed: str   # how this run failed: its exception, exit code and duplicate runtimes
+
+
+class TorchBuild(Record):
+    """The torch the image really has, from its `torch/version.py`: the release and the commit it
+    was built from (`torch.version.git_version`), so a boundary maps onto the source."""
+
+    version: str | None = None
+    git_version: str | None = None
+    cuda: str | None = None
+
+
 class Judgement(Record):
     verdict: Verdict
     reason: str
     checks: tuple[Check, ...] = ()
+    different: FailureSignatures | None = None   # set when the verdict is failed_differently
 
 
 class DuplicateRuntimeRef(Record):
@@ -246,6 +275,8 @@ class RunResult(Document):
     engine: EngineRef
     lab_version: str
     started: IsoTime
+    different_failure: FailureSignatures | None = None   # failed_differently: expected vs observed
+    torch_build: TorchBuild | None = None                 # torch/version.py of the image
 
 
 class UnfinishedRun(Document):
@@ -343,7 +374,8 @@ class Probe(Record):
     the outcome, or to `skip` when only the outcome is known."""
 
     version: str = Field(alias="torch")
-    verdict: Literal["reproduced", "not_reproduced", "error", "timeout", "skip"]  # given, or the outcome
+    verdict: Literal["reproduced", "not_reproduced", "failed_differently", "error", "timeout",
+                     "skip"]  # given, or the outcome
     outcome: Outcome
     reason: str = ""
     evidence: str = ""
@@ -355,6 +387,8 @@ class Probe(Record):
     total_s: float | None = None
     engine: str | None = None   # the engine that ran it
     emulated: bool | None = None
+    git_version: str | None = None      # torch.version.git_version of the probe's image
+    different_failure: FailureSignatures | None = None   # failed_differently: expected vs observed
 
     @model_validator(mode="before")
     @classmethod
@@ -365,6 +399,8 @@ class Probe(Record):
 
     @model_validator(mode="after")
     def _consistent(self) -> Probe:
+        if self.verdict == FAILED_DIFFERENTLY:
+            return self  # counted as the bisection was told: a skip, or one of the sides
         if outcome_of(self.verdict) != self.outcome:
             raise ValueError(f"verdict {self.verdict!r} contradicts outcome {self.outcome!r}")
         return self
@@ -372,12 +408,16 @@ class Probe(Record):
     @classmethod
     def judged(cls, version: str, verdict: object, reason: str = "", evidence: str = "",
                run_dir: str | None = None, *, build_s: float | None = None, run_s: float | None = None,
-               total_s: float | None = None, engine: str | None = None, emulated: bool | None = None) -> Probe:
-        """A probe from a judge's verdict (`Verdict` or string): the outcome follows from it."""
+               total_s: float | None = None, engine: str | None = None, emulated: bool | None = None,
+               failed_differently: str = SKIP, git_version: str | None = None,
+               different_failure: FailureSignatures | None = None) -> Probe:
+        """A probe from a judge's verdict (`Verdict` or string): the outcome follows from it
+        (`failed_differently` says how a probe that failed differently counts)."""
         raw = str(getattr(verdict, "value", verdict))
-        return cls(version=version, verdict=raw, outcome=outcome_of(raw), reason=reason, evidence=evidence,
-                   run_dir=run_dir, build_s=build_s, run_s=run_s, total_s=total_s, engine=engine,
-                   emulated=emulated)
+        return cls(version=version, verdict=raw, outcome=outcome_of(raw, failed_differently), reason=reason,
+                   evidence=evidence, run_dir=run_dir, build_s=build_s, run_s=run_s, total_s=total_s,
+                   engine=engine, emulated=emulated, git_version=git_version,
+                   different_failure=different_failure)
 
     @property
     def skipped(self) -> bool:
@@ -385,6 +425,38 @@ class Probe(Record):
 
 
 FOUND, AMBIGUOUS, NO_CHANGE, NO_RUNNABLE_PAIR = "found", "ambiguous", "no_change", "no_runnable_pair"
+PYTORCH_REPO = "https://github.com/pytorch/pytorch"
+
+
+class SourceBoundary(Record):
+    """The boundary pinned to PyTorch's source: the two releases' commits (`torch.version.git_version`
+    of the probes' images), a link that compares them, and the line that starts a commit-level
+    `git bisect` on a PyTorch checkout. A commit that was not recorded falls back to the release tag."""
+
+    last_old: str
+    first_new: str
+    last_old_commit: str | None = None
+    first_new_commit: str | None = None
+    compare_url: str
+    git_bisect: str
+
+    @classmethod
+    def of(cls, last_old: str, first_new: str, old_commit: str | None, new_commit: str | None,
+           direction: str | None) -> SourceBoundary:
+        old_ref = old_commit or release_tag(last_old)
+        new_ref = new_commit or release_tag(first_new)
+        if direction == "fix":  # the new behaviour is the good one: name the terms
+            line = f"git bisect start --term-old=broken --term-new=fixed {new_ref} {old_ref}"
+        else:
+            line = f"git bisect start {new_ref} {old_ref}"
+        return cls(last_old=last_old, first_new=first_new, last_old_commit=old_commit,
+                   first_new_commit=new_commit, compare_url=f"{PYTORCH_REPO}/compare/{old_ref}...{new_ref}",
+                   git_bisect=line)
+
+
+def release_tag(version: str) -> str:
+    """PyTorch's git tag of a release: `2.5.1+cpu` -> `v2.5.1`."""
+    return "v" + version.split("+", 1)[0]
 
 
 class BisectResult(Document):
@@ -419,6 +491,18 @@ class BisectResult(Document):
     candidates: tuple[str, ...] = ()
     folder: str | None = None
     resume: str | None = None
+    # how probes that failed differently were counted (`--failed-differently`), and which they were
+    failed_differently: Outcome = SKIP
+    source: SourceBoundary | None = None          # the boundary's commits, compare link, git bisect line
+    compare: tuple[str, ...] = ()                 # the compare summary of the boundary pair (lab compare)
+    localization: str | None = None               # the bad boundary release localized (lab.drivers.localize)
+    localize_dir: str | None = None               # its localize.json and localize.md
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def failed_differently_probes(self) -> tuple[str, ...]:
+        """Every release whose probe failed, but not with the scenario's signature."""
+        return tuple(p.version for p in self.steps if p.verdict == FAILED_DIFFERENTLY)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -460,7 +544,8 @@ class BisectResult(Document):
 
 
 # --- a matrix: `lab run --torch A,B --arch X,Y --json` ------------------------------------------------
-CellVerdict = Literal["reproduced", "not_reproduced", "error", "timeout", "flaky", "mixed", "not_run"]
+CellVerdict = Literal["reproduced", "not_reproduced", "failed_differently", "error", "timeout", "flaky", "mixed",
+                      "not_run"]
 
 
 class MatrixRun(Record):
@@ -596,7 +681,8 @@ def _parse_json(raw: bytes | str, where: str) -> dict[str, Any]:
 
 
 _KIND_WORDS = {"run": "a run's result", "evidence": "a run's evidence", "bisect": "a bisection's result",
-               "matrix": "a matrix's result", "ablation": "an ablation's result"}
+               "matrix": "a matrix's result", "ablation": "an ablation's result",
+               "compare": "a comparison of two runs", "localize": "a localization"}
 
 
 def _schema_version(data: dict[str, Any], where: str, kind: str) -> int:

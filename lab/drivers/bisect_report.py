@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
+from lab.core.results import FAILED_DIFFERENTLY
 from lab.drivers.bisect import AMBIGUOUS, FOUND, NOT_REPRODUCED, REPRODUCED, SKIP, BisectResult, Probe
 
 MD_NAME, SVG_NAME, JSON_NAME = "bisect.md", "bisect.svg", "bisect.json"
@@ -21,8 +22,9 @@ MD_NAME, SVG_NAME, JSON_NAME = "bisect.md", "bisect.svg", "bisect.json"
 # fill, stroke per outcome; untested releases are hollow
 _COLOURS = {REPRODUCED: ("#d62728", "#8c1a1b"), NOT_REPRODUCED: ("#2ca02c", "#1b641b"),
             SKIP: ("#bdbdbd", "#6e6e6e"), None: ("#ffffff", "#9e9e9e")}
+_COLOURS[FAILED_DIFFERENTLY] = ("#ff9f1c", "#a35c00")  # failed, but not with the signature
 _LEGEND = ((REPRODUCED, "reproduced"), (NOT_REPRODUCED, "not reproduced"), (SKIP, "skipped (error/timeout)"),
-           (None, "untested"))
+           (FAILED_DIFFERENTLY, "failed differently"), (None, "untested"))
 _STEP, _MARGIN, _R, _Y = 56, 48, 9, 64
 
 
@@ -63,6 +65,13 @@ class BisectView:
     candidates: str
     untested_count: int
     untested: str
+    source: tuple[tuple[str, str], ...] = ()     # (label, value) of the boundary pinned to source
+    git_bisect: str = ""
+    failed: tuple[tuple[str, str, str], ...] = ()  # release, expected, observed (escaped cells)
+    failed_counted: str = ""
+    compare: str = ""                             # lab compare's summary of the boundary pair
+    localization: str = ""
+    localize_link: str = ""
 
 
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
@@ -80,7 +89,24 @@ def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectR
                    for n, probe in enumerate(result.steps, 1)),
         wall=wall_summary(result.steps),
         notes=tuple(_md(note) for note in result.notes), candidates=_md(", ".join(candidates)),
-        untested_count=len(untested), untested=_md(", ".join(untested))))
+        untested_count=len(untested), untested=_md(", ".join(untested)),
+        source=_source(result), git_bisect=result.source.git_bisect if result.source else "",
+        failed=tuple((_cell(p.version), _cell(p.different_failure.expected if p.different_failure else ""),
+                      _cell(p.different_failure.observed if p.different_failure else p.reason))
+                     for p in result.steps if p.verdict == FAILED_DIFFERENTLY),
+        failed_counted=("skipped: never a boundary" if result.failed_differently == SKIP else
+                        f"counted as {result.failed_differently} (--failed-differently)"),
+        compare="\n".join(result.compare), localization=_md(result.localization or ""),
+        localize_link="localize/localize.md" if result.localize_dir else ""))
+
+
+def _source(result: BisectResult) -> tuple[tuple[str, str], ...]:
+    s = result.source
+    if s is None:
+        return ()
+    return ((f"{_md(s.last_old)} (last old)", f"`{s.last_old_commit}`" if s.last_old_commit else "not recorded"),
+            (f"{_md(s.first_new)} (first new)", f"`{s.first_new_commit}`" if s.first_new_commit else "not recorded"),
+            ("compare", s.compare_url))
 
 
 def wall_summary(steps: Sequence[Probe]) -> str:
@@ -187,7 +213,7 @@ def _boundary(result: BisectResult, x_of: dict[str, int]) -> list[str]:
 
 def _mark(version: str, x: int, probed: tuple[int, Probe] | None) -> list[str]:
     outcome = probed[1].outcome if probed else None
-    fill, stroke = _COLOURS[outcome]
+    fill, stroke = _COLOURS[FAILED_DIFFERENTLY if probed and probed[1].verdict == FAILED_DIFFERENTLY else outcome]
     if probed:
         n, p = probed
         tip = f"{version}: {p.verdict}" + (f" ({_one_line(p.reason, 200)})" if p.reason else "") + f", probe {n}"
@@ -216,7 +242,7 @@ def _legend(y: int) -> list[str]:
     for outcome, label in _LEGEND:
         fill, stroke = _COLOURS[outcome]
         out.append(f'<circle cx="{x}" cy="{y}" r="6" fill="{fill}" stroke="{stroke}" stroke-width="2"/>')
-        if outcome == SKIP:
+        if outcome in (SKIP, FAILED_DIFFERENTLY):
             out.append(f'<path d="M{x - 3} {y - 3}L{x + 3} {y + 3}M{x - 3} {y + 3}L{x + 3} {y - 3}" '
                        f'stroke="{stroke}" stroke-width="1.5"/>')
         out.append(f'<text x="{x + 10}" y="{y + 4}">{escape(label)}</text>')

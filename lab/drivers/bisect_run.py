@@ -22,7 +22,7 @@ from lab.build.resolve import base_python, parse_arch, resolve
 from lab.cache_policy import inventory as cache_policy
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
-from lab.core.results import RESULT_NAME, RunResult, read_result
+from lab.core.results import AMBIGUOUS, FOUND, RESULT_NAME, SKIP, RunResult, SourceBoundary, read_result
 from lab.drivers.bisect import BisectResult, Probe, bisect
 from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
 from lab.engine.docker_engine import Engine
@@ -90,7 +90,8 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                sets: dict[str, str] | None = None, on_probe: Callable[[Probe, bool], None] | None = None,
                on_start: Callable[[list[str], Path, str], None] | None = None,
                keep_images: bool = False, run_case: RunCase | None = None,
-               candidates: Releases | None = None, fleet: Fleet | None = None) -> BisectRun:
+               candidates: Releases | None = None, fleet: Fleet | None = None,
+               failed_differently: str = SKIP, localize: bool = True) -> BisectRun:
     """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
 
     `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
@@ -103,7 +104,15 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     another engine. Without one, the probes run one after another on `engine`.
 
     A bisection never probes a release twice, so the images its probes built are removed after
-    each probe unless `keep_images` (aarch64 torch from 2.11.0 makes images of about 7 GB)."""
+    each probe unless `keep_images` (aarch64 torch from 2.11.0 makes images of about 7 GB).
+
+    A probe that fails, but not with the scenario's signature (`failed_differently`), is a skip by
+    default, so it is never the boundary; `failed_differently` ("reproduced" or "not_reproduced")
+    counts it on that side instead. The result pins the boundary to PyTorch's source (the two
+    releases' commits, a compare link, a `git bisect start` line) and carries `lab compare`'s
+    summary of the boundary pair. With `localize`, a boundary release that reproduces a compile
+    failure is localized (lab.drivers.localize: the ablation's layer, compiler_bisector's subsystem)
+    into `<folder>/localize/`."""
     from lab.drivers.bisect_report import write_bisect_report
     if run_case is None:
         from lab.pipeline import run_case as production
@@ -114,6 +123,8 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
     folder.mkdir(parents=True, exist_ok=True)
     resume = resume_command(scenario_ref, old, new, arch, runs_root, pre)
+    if failed_differently != SKIP:
+        resume += " --failed-differently " + failed_differently.replace("_", "-")
     if on_start:
         on_start(found, folder, resume)
 
@@ -132,7 +143,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                                collect_env=False)
             if outcome.result.verdict.value in ("error", "timeout") and fleet is not None and not on.alive():
                 raise EngineGone(f"the engine {on.name} stopped answering ({outcome.result.reason})")
-            p = _probe_from(version, outcome.result, run_dir)
+            p = _probe_from(version, outcome.result, run_dir, failed_differently=failed_differently)
             image = outcome.result.image
             if not keep_images and image is not None and not image.cached:
                 say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
@@ -151,7 +162,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         run_dir = folder / f"torch{version}"
         previous = _finished(run_dir)
         if previous is not None:
-            p = _probe_from(version, previous, run_dir)
+            p = _probe_from(version, previous, run_dir, failed_differently=failed_differently)
             if on_probe:
                 with lock:
                     on_probe(p, True)
@@ -187,9 +198,56 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             f"engine {name} {why}" for name, why in fleet.down.items()))})
     result = searched.model_copy(update={
         "scenario": scenario.name, "arch": arch, "candidates": tuple(found), "folder": str(folder),
-        "resume": resume})
+        "resume": resume, "failed_differently": failed_differently})
+    result = at_the_boundary(result)
+    bad = _bad_release(result) if localize else None
+    if bad is not None:
+        from lab.drivers.localize import localize as localize_case
+        case = resolve(scenario, torch=bad, arch=arch, sets=sets)
+        where = folder / "localize"
+
+        def examine(on: Engine, emulated: bool | None = None):
+            return localize_case(case, on, host, runs_root, where, events, run_case=run_case)
+        try:
+            found_out = examine(engine) if fleet is None else on_engine(
+                fleet, arch, scenario.gpu, f"the localization of torch {bad}", examine, events)
+            result = result.model_copy(update={"localization": f"torch {bad}: {found_out.conclusion}",
+                                               "localize_dir": str(where)})
+        except LabError as exc:  # the bisection stands; say why it was not localized
+            result = result.model_copy(update={"localization": f"torch {bad} was not localized: {exc}"})
     write_bisect_report(folder, scenario.name, arch, result, found, resume)
     return BisectRun(folder, result, found, resume)
+
+
+def at_the_boundary(result: BisectResult) -> BisectResult:
+    """The result with its boundary pinned to source and `lab compare`'s summary of the boundary pair
+    (left out, with a note, when the pair cannot be compared)."""
+    from lab.compare.diff import compare_runs
+    if result.status not in (FOUND, AMBIGUOUS) or not result.last_old or not result.first_new:
+        return result
+    steps = {p.version: p for p in result.steps}
+    old, new = steps.get(result.last_old), steps.get(result.first_new)
+    source = SourceBoundary.of(result.last_old, result.first_new, old.git_version if old else None,
+                               new.git_version if new else None, result.direction)
+    lines: tuple[str, ...] = ()
+    if old is not None and new is not None and old.run_dir and new.run_dir:
+        try:
+            lines = compare_runs(Path(old.run_dir), Path(new.run_dir)).summary
+        except LabError as exc:
+            lines = (f"the boundary pair could not be compared: {exc}",)
+    return result.model_copy(update={"source": source, "compare": lines})
+
+
+def _bad_release(result: BisectResult) -> str | None:
+    """The boundary release that reproduces, when its failure came from the compiler stack."""
+    from lab.drivers.localize import is_compile_failure
+    if result.status != FOUND:
+        return None
+    bad = result.first_new if result.to_verdict == "reproduced" else result.last_old
+    probe = next((p for p in result.steps if p.version == bad), None)
+    if probe is None or probe.verdict != "reproduced" or not probe.run_dir:
+        return None
+    return bad if is_compile_failure(Path(probe.run_dir)) else None
 
 
 def _finished(run_dir: Path) -> RunResult | None:
@@ -202,10 +260,13 @@ def _finished(run_dir: Path) -> RunResult | None:
     return result if isinstance(result, RunResult) else None
 
 
-def _probe_from(version: str, result: RunResult, run_dir: Path, engine: str | None = None) -> Probe:
+def _probe_from(version: str, result: RunResult, run_dir: Path, engine: str | None = None, *,
+                failed_differently: str = SKIP) -> Probe:
     evidence = "; ".join(result.summary[:2])
     t = result.timings
     return Probe.judged(version, result.verdict, reason=result.reason, evidence=evidence, run_dir=str(run_dir),
                         build_s=t.build_s if t else None, run_s=t.run_s if t else None,
                         total_s=t.total_s if t else None, engine=engine or result.engine.name,
-                        emulated=result.emulated)
+                        emulated=result.emulated, failed_differently=failed_differently,
+                        git_version=result.torch_build.git_version if result.torch_build else None,
+                        different_failure=result.different_failure)

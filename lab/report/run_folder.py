@@ -30,6 +30,7 @@ from lab.core.results import (
     RunEvidence,
     RunResult,
     StageTimes,
+    TorchBuild,
     UnfinishedRun,
 )
 
@@ -55,6 +56,7 @@ class RunRecord:
     diagnostics: Diagnostics | None = None
     diagnose: str | None = None        # why the diagnose step ran or did not
     timings: StageTimes | None = None
+    torch_build: TorchBuild | None = None  # torch/version.py of the image (git_version)
 
 
 def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:
@@ -128,6 +130,8 @@ def run_result(rec: RunRecord) -> RunResult:
         engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch, name=rec.engine_name),
         lab_version=__version__,
         started=rec.started.isoformat(timespec="seconds"),
+        different_failure=rec.judgement.different,
+        torch_build=rec.torch_build,
     )
 
 
@@ -251,6 +255,8 @@ class ReportView:
     engine_name: str
     lab_version: str
     environment: tuple[Details, ...]
+    torch_commit: str | None = None                 # torch.version.git_version of the image
+    different: tuple[str, str] | None = None        # failed_differently: (expected, observed), escaped
 
 
 def render_report(rec: RunRecord) -> str:
@@ -299,6 +305,8 @@ def report_view(rec: RunRecord) -> ReportView:
         engine_version=rec.engine_version, host_arch=rec.host_arch, engine_name=rec.engine_name,
         lab_version=__version__,
         environment=tuple(_environment(rec)),
+        torch_commit=rec.torch_build.git_version if rec.torch_build else None,
+        different=(_cell(j.different.expected), _cell(j.different.observed)) if j.different else None,
     )
 
 

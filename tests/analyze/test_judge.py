@@ -39,14 +39,26 @@ def test_traceback_must_be_the_same_error():
     assert judge(evidence(exit_code=1, exceptions=(DLPACK,)), expect, "", "").verdict is Verdict.REPRODUCED
     other = ExceptionInfo("RuntimeError", "CUDA is not available")
     j = judge(evidence(exit_code=1, exceptions=(other,)), expect, "", "")
-    assert j.verdict is Verdict.NOT_REPRODUCED
+    # a different crash is not a reproduction, nor an absence of the bug: it failed differently,
+    # with both signatures side by side
+    assert j.verdict is Verdict.FAILED_DIFFERENTLY
     assert "RuntimeError: CUDA is not available" in j.reason
+    assert j.different.expected == ("an exception containing 'does not know how to trace the builtin "
+                                    "`torch._C._to_dlpack', exit code 1")
+    assert j.different.observed == "RuntimeError: CUDA is not available, exit code 1"
+
+
+def test_a_run_that_exits_cleanly_without_the_signature_is_not_reproduced():
+    expect = Expect(traceback_contains="capture is disabled", exit_code=1)
+    j = judge(evidence(exit_code=0), expect, "SUCCESS", "")
+    assert j.verdict is Verdict.NOT_REPRODUCED and j.different is None
 
 
 def test_all_expectations_must_hold():
     expect = Expect(stdout_contains="checksum", exit_code=0)
     assert judge(evidence(), expect, "checksum=1.0", "").verdict is Verdict.REPRODUCED
-    assert judge(evidence(exit_code=3), expect, "checksum=1.0", "").verdict is Verdict.NOT_REPRODUCED
+    assert judge(evidence(exit_code=3), expect, "checksum=1.0", "").verdict is Verdict.FAILED_DIFFERENTLY
+    assert judge(evidence(), expect, "nothing", "").verdict is Verdict.NOT_REPRODUCED
     assert judge(evidence(), Expect(stderr_contains="Segmentation"), "", "a warning").verdict is Verdict.NOT_REPRODUCED
 
 
@@ -81,7 +93,7 @@ def test_a_failed_build_is_an_error():
 def test_an_exception_without_message_is_reported():
     j = judge(evidence(exit_code=130, exceptions=(ExceptionInfo("KeyboardInterrupt", ""),)),
               Expect(traceback_contains="dlpack"), "", "")
-    assert j.verdict is Verdict.NOT_REPRODUCED and "KeyboardInterrupt" in j.reason
+    assert j.verdict is Verdict.FAILED_DIFFERENTLY and "KeyboardInterrupt" in j.reason
     assert "the script raised `KeyboardInterrupt`" in evidence(exceptions=(ExceptionInfo("KeyboardInterrupt", ""),)
                                                                ).plain_words()
 

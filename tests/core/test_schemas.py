@@ -40,7 +40,7 @@ def load(path) -> object:
 
 
 def test_every_schema_is_a_valid_json_schema():
-    assert names() == ["run", "evidence", "bisect", "matrix", "ablation", "bundle-manifest"]
+    assert names() == ["run", "evidence", "bisect", "matrix", "ablation", "compare", "localize", "bundle-manifest"]
     for name in names():
         schema = json_schema(name)
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -118,7 +118,7 @@ def test_lab_schema_prints_and_writes(tmp_path):
     assert bad.returncode == 2 and "no schema named 'wheel'" in bad.stderr and "bundle-manifest" in bad.stderr
 
 
-@pytest.mark.parametrize("name", ["run", "bisect", "matrix", "ablation"])
+@pytest.mark.parametrize("name", ["run", "bisect", "matrix", "ablation", "compare", "localize"])
 def test_every_document_names_its_schema_version_and_kind(name):
     schema = json_schema(name)
     props = schema.get("properties") or schema["$defs"]["RunResult"]["properties"]

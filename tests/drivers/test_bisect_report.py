@@ -95,7 +95,7 @@ def test_svg_is_valid_xml_with_a_mark_per_candidate(tmp_path):
         assert fills[version] == expected, version
     texts = [t.text for t in root.iter(f"{SVG_NS}text")]
     assert "changes between 2.8.0 and 2.9.0" in texts
-    assert len(root.findall(f".//{SVG_NS}path")) == 3 + 1  # crosses on the three skips, one in the legend
+    assert len(root.findall(f".//{SVG_NS}path")) == 3 + 2  # crosses on the three skips, two in the legend
 
 
 def test_svg_ambiguous_range_and_escaping():

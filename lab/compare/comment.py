@@ -1,0 +1,230 @@
+"""A Markdown comment to paste into a GitHub issue (`lab comment RUN_OR_BISECT_DIR`).
+
+Modelled on cargo-bisect-rustc's final report: the one-line result first, the minimal
+environment, the exact commands (with the lab, and with plain Docker), the compare link, and the
+long parts (the script, `lab compare`'s summary, the localization) collapsed in `<details>`.
+Everything goes through the bundles' scrubbing (lab.core.scrub.scrub_text): secret-named
+variables of the host and of the scenario lose their values, URL credentials and the home folder
+go.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import yaml
+
+from lab.compare.diff import CompareError, _text, boundary_pair, compare_runs
+from lab.core.results import BisectResult, RunResult, read_document, read_result
+from lab.core.scrub import is_secret_name, scrub_text
+
+_FENCE = "```"
+
+
+def render_comment(folder: Path) -> str:
+    """The comment for a run folder or a bisect folder (bisect.json), scrubbed."""
+    folder = Path(folder)
+    if (folder / "bisect.json").is_file():
+        text, scenario = _bisect_comment(folder)
+    elif (folder / "result.json").is_file():
+        text, scenario = _run_comment(folder)
+    else:
+        raise CompareError(f"{folder}: is neither a run folder (no result.json) nor a bisect folder (no "
+                           "bisect.json).", hint="Pass a folder that `lab run` or `lab bisect` made.")
+    env = {**os.environ, **_secrets(scenario)}
+    return scrub_text(text, env)
+
+
+# --- a bisection ------------------------------------------------------------------------------------
+def _bisect_comment(folder: Path) -> tuple[str, dict]:
+    result = read_document(folder / "bisect.json", BisectResult)
+    if result.last_old is None or result.first_new is None:
+        raise CompareError(f"{folder / 'bisect.json'}: the bisection found no boundary (status {result.status}): "
+                           f"{result.summary}", hint="A comment needs a bisection that found where the "
+                           "verdict changes.")
+    old_dir, new_dir = boundary_pair(folder)
+    bad_dir = new_dir if result.to_verdict == "reproduced" else old_dir
+    bad = _finished(bad_dir)
+    scenario = _scenario(bad_dir)
+    where = _where(bad)
+    if result.direction == "regression":
+        line = (f"Reproduced on torch {result.first_new}, {where}. Regression between {result.last_old} and "
+                f"{result.first_new}.")
+    else:
+        line = (f"Reproduced on torch {result.last_old}, {where}. Fixed between {result.last_old} and "
+                f"{result.first_new}.")
+    if result.status == "ambiguous":
+        line += f" (Ambiguous: {', '.join(result.skipped_between)} could not be run.)"
+    parts = [f"**{line}**", "", _title(scenario, bad), ""]
+    parts += _environment(bad, bad_dir, scenario)
+    parts += _commands(bad, bad_dir, scenario)
+    if result.source is not None:
+        s = result.source
+        parts += ["**Between the releases:** " + s.compare_url, "",
+                  f"{s.last_old} is `{s.last_old_commit or 'not recorded'}`, {s.first_new} is "
+                  f"`{s.first_new_commit or 'not recorded'}`; a commit-level bisection starts with "
+                  f"`{s.git_bisect}`.", ""]
+    searched = ", ".join(f"{p.version} ({p.verdict})" for p in result.steps)
+    parts += [f"Searched {len(result.candidates) or len(result.steps)} releases from {result.from_version} to "
+              f"{result.to_version} with `{result.resume or 'lab bisect'}`; probed: {searched}.", ""]
+    failed = [p for p in result.steps if p.verdict == "failed_differently"]
+    if failed:
+        how = "skipped" if result.failed_differently == "skip" else f"counted as {result.failed_differently}"
+        parts += [f"Failed differently ({how}, never the signature): "
+                  + "; ".join(f"{p.version}: {p.different_failure.observed if p.different_failure else p.reason}"
+                              for p in failed), ""]
+    try:
+        summary = compare_runs(old_dir, new_dir).summary
+    except CompareError as exc:
+        summary = (f"not compared: {exc}",)
+    parts += _details(f"What changed between {result.last_old} and {result.first_new} (lab compare)",
+                      "\n".join(summary), "text")
+    parts += _localization(result, folder)
+    parts += _script(bad_dir, scenario)
+    return "\n".join(parts).rstrip() + "\n", scenario
+
+
+# --- one run ----------------------------------------------------------------------------------------
+def _run_comment(folder: Path) -> tuple[str, dict]:
+    result = _finished(folder)
+    scenario = _scenario(folder)
+    verdict = {"reproduced": "Reproduced", "not_reproduced": "Not reproduced",
+               "failed_differently": "Failed differently", "error": "No verdict (error)",
+               "timeout": "No verdict (timeout)"}[result.verdict.value]
+    parts = [f"**{verdict} on torch {result.torch}, {_where(result)}.**", "", _title(scenario, result), "",
+             f"Verdict `{result.verdict.value}`: {result.reason}", ""]
+    if result.different_failure is not None:
+        parts += ["| signature | |", "|---|---|", f"| expected | {_cell(result.different_failure.expected)} |",
+                  f"| observed | {_cell(result.different_failure.observed)} |", ""]
+    parts += _environment(result, folder, scenario)
+    parts += _commands(result, folder, scenario)
+    loc = folder / "localize.json"
+    if loc.is_file():
+        parts += _details("Localization", _text(folder / "localize.md") or "", None)
+    parts += _script(folder, scenario)
+    return "\n".join(parts).rstrip() + "\n", scenario
+
+
+# --- pieces -----------------------------------------------------------------------------------------
+def _finished(folder: Path) -> RunResult:
+    result = read_result(folder)
+    if not isinstance(result, RunResult):
+        raise CompareError(f"{folder / 'result.json'}: the run stopped without a verdict ({result.status}), "
+                           "so there is nothing to report.", hint="Run it again.")
+    return result
+
+
+def _scenario(folder: Path) -> dict:
+    try:
+        data = yaml.safe_load(_text(folder / "scenario.yaml") or "")
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _secrets(scenario: dict) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for key in ("env", "vars"):
+        block = scenario.get(key)
+        if isinstance(block, dict):
+            found.update({str(k): str(v) for k, v in block.items() if is_secret_name(str(k))})
+    return found
+
+
+def _where(r: RunResult) -> str:
+    return f"{r.arch} ({'emulated' if r.emulated else 'native'})"
+
+
+def _title(scenario: dict, r: RunResult) -> str:
+    title = scenario.get("title") or r.scenario
+    upstream = scenario.get("upstream")
+    return f"Scenario `{r.scenario}`: {title}" + (f" ({upstream})" if upstream else "")
+
+
+def _environment(r: RunResult, folder: Path, scenario: dict) -> list[str]:
+    resolved = scenario.get("resolved") or {}
+    commit = f" (commit `{r.torch_build.git_version}`)" if r.torch_build and r.torch_build.git_version else ""
+    how = f"emulated with QEMU on {r.engine.host_arch}" if r.emulated else "native"
+    lines = ["**Environment**", "",
+             f"- torch {r.torch}{commit}, backend {r.backend or 'as the script chooses'}",
+             f"- {resolved.get('platform') or r.arch}, {how}, base `{scenario.get('base', '?')}`, "
+             f"Docker {r.engine.version}"]
+    env = {**(scenario.get("env") or {}), **(resolved.get("vars") or {})}
+    if env:
+        lines.append("- environment: " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items())))
+    facts = _collect_env(folder)
+    if facts:
+        lines.append("- " + "; ".join(f"{k}: {v}" for k, v in facts))
+    return [*lines, ""]
+
+
+_FACTS = ("PyTorch version", "OS", "GCC version", "Python version", "Is CUDA available", "CPU architecture")
+
+
+def _collect_env(folder: Path) -> list[tuple[str, str]]:
+    found: dict[str, str] = {}
+    for line in (_text(folder / "collect_env.txt") or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in _FACTS and key not in found and value.strip():
+            found[key] = value.strip()
+    return [(k, found[k]) for k in _FACTS if k in found]
+
+
+def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
+    resolved = scenario.get("resolved") or {}
+    source = resolved.get("source_file") or ""
+    ref = r.scenario if "/scenarios/" in source or not source else source
+    lab = ["lab", "run", ref, "--torch", r.torch, "--arch", r.arch]
+    if r.backend:
+        lab += ["--backend", r.backend]
+    for key, value in sorted((resolved.get("vars") or {}).items()):
+        lab += ["--set", f"{key}={value}"]
+    platform = resolved.get("platform") or f"linux/{r.arch}"
+    base = (resolved.get("base") or {}).get("ref") or scenario.get("base") or "debian:bookworm"
+    env = {**(scenario.get("env") or {}), **(resolved.get("vars") or {})}
+    if r.backend:
+        env["LAB_BACKEND"] = r.backend
+    run_env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(env.items()))
+    return ["**Reproduce** with torch-repro-lab (`lab bundle` packs the run folder):", "",
+            f"{_FENCE}sh", shlex.join(lab), _FENCE, "",
+            "Without the lab, from the run folder (it is the build context):", "",
+            f"{_FENCE}sh", f"docker build --platform {platform} --build-arg BASE={base} -t repro .",
+            f"docker run --rm --platform {platform}{run_env} repro", _FENCE, ""]
+
+
+def _localization(result: BisectResult, folder: Path) -> list[str]:
+    if not result.localization:
+        return []
+    body = _text(Path(result.localize_dir) / "localize.md") if result.localize_dir else None
+    if body is None:
+        body = _text(folder / "localize" / "localize.md")
+    return _details("Localization: " + result.localization, body or result.localization, None)
+
+
+def _script(folder: Path, scenario: dict) -> list[str]:
+    name = scenario.get("script")
+    if not isinstance(name, str):
+        return []
+    text = _text(folder / "repro" / name)
+    if text is None:
+        return []
+    return _details(f"The script ({name})", text.rstrip(), "python")
+
+
+def _details(summary: str, body: str, lang: str | None) -> list[str]:
+    if lang is None:
+        return ["<details>", f"<summary>{_html(summary)}</summary>", "", body.rstrip(), "", "</details>", ""]
+    fence = "````" if _FENCE in body else _FENCE
+    return ["<details>", f"<summary>{_html(summary)}</summary>", "", f"{fence}{lang}", body.rstrip(), fence, "",
+            "</details>", ""]
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+

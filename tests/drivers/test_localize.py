@@ -1,0 +1,67 @@
+"""lab.drivers.localize: reading compiler_bisector's answer, and what is said where it cannot run.
+(The real run in an image: tests/test_e2e_compare.py.)"""
+
+from __future__ import annotations
+
+from lab.build.resolve import resolve
+from lab.drivers.localize import (
+    bisector_command,
+    bisector_words,
+    is_compile_failure,
+    parse_bisector_output,
+    run_bisector,
+)
+from lab.scenario.schema import load_scenario
+from tests.conftest import DATA
+
+E2E = DATA / "e2e"
+
+
+def test_parse_the_final_line():
+    text = ("Starting bisection process with system: eager\nMoving to the next system: aot_eager\n"
+            "Disabling lowerings fixed the issue.\n"
+            "Bisection complete: BisectionResult(backend='inductor', subsystem='lowerings', bisect_number=3, "
+            "debug_info='aten.relu.default')\n")
+    fields = parse_bisector_output(text)
+    assert fields == {"backend": "inductor", "subsystem": "lowerings", "bisect_number": 3,
+                      "debug_info": "aten.relu.default"}
+    assert bisector_words(fields, 0) == ("compiler_bisector: the issue is in `inductor`, subsystem `lowerings` "
+                                         "(its application number 3): aten.relu.default")
+
+
+def test_no_issue_and_no_answer():
+    assert parse_bisector_output("All systems have been checked.\n\nBisection complete: no issue found\n") == {}
+    assert "no backend that fails" in bisector_words({}, 0)
+    assert parse_bisector_output("Traceback (most recent call last):\n") is None
+    assert bisector_words(None, 1) == "compiler_bisector gave no result (exit code 1); see its log"
+    assert bisector_words({"backend": "aot_eager", "subsystem": None}, 0) == (
+        "compiler_bisector: the issue is in the `aot_eager` backend (no single subsystem identified)")
+
+
+def test_a_release_without_the_module_or_its_run_command_is_said():
+    case = resolve(load_scenario(E2E / "relu-inject.yaml"))
+    absent = run_bisector(case, engine=None, tag="unused", folder=DATA, source=None)
+    assert (absent.available, absent.ran) == (False, False)
+    assert "does not ship torch._inductor.compiler_bisector" in absent.words
+    old = run_bisector(case, engine=None, tag="unused", folder=DATA, source="class CompilerBisector: ...\n")
+    assert not old.available and "without its `run` command" in old.words
+
+
+def test_the_command_hands_the_backend_on_as_lab_backend():
+    case = resolve(load_scenario(E2E / "relu-inject.yaml"))
+    command = bisector_command(case)
+    assert command[:5] == ["python", "-m", "torch._inductor.compiler_bisector", "run", "sh"]
+    assert 'LAB_BACKEND="${TORCH_COMPILE_BACKEND:-inductor}"' in command[6]
+    assert command[-2:] == ["python", "relu_inject.py"]
+
+
+def test_compile_failures_are_told_from_others(tmp_path):
+    (tmp_path / "stderr.txt").write_text(
+        'Traceback (most recent call last):\n  File "/lab/repro/x.py", line 3, in <module>\n'
+        '    f()\n  File "/opt/venv/lib/python3.11/site-packages/torch/_dynamo/eval_frame.py", line 9, in _fn\n'
+        '    return fn()\ntorch._dynamo.exc.Unsupported: torch.func.vmap capture is disabled\n')
+    assert is_compile_failure(tmp_path)
+    (tmp_path / "stderr.txt").write_text(
+        'Traceback (most recent call last):\n  File "/lab/repro/x.py", line 3, in <module>\n'
+        "AttributeError: module 'torch.compiler' has no attribute 'is_compiling'\n")
+    assert not is_compile_failure(tmp_path)

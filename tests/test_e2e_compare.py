@@ -1,0 +1,109 @@
+"""What changed at the boundary, end to end through the `lab` CLI and the real engine.
+
+- A real bisection (arm64 under QEMU) of tests/data/e2e/vmap-newapi.yaml from 2.2.2 to 2.4.0: torch
+  2.2.2 has no `torch.compiler.is_compiling`, so it fails with AttributeError, not with the
+  scenario's signature ("torch.func.vmap capture is disabled", 2.3.x); 2.4.0 passes. 2.2.2 must be
+  `failed_differently`, skipped, listed in bisect.md, and never the boundary; the boundary is pinned
+  to the releases' commits; `lab compare` and `lab comment` read the real folders; the Dynamo
+  failure of 2.3.1 is localized (its scenario fixes the backend, and 2.3.1 ships no
+  compiler_bisector: both said).
+- `lab localize` of an Inductor C++ compile error (tests/data/e2e/relu-inject.yaml, amd64 torch
+  2.13.0+cpu, which ships compiler_bisector with its `run` command): the ablation names Inductor,
+  and compiler_bisector, run in the same image, names the subsystem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA, last_json, run_lab
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(5400)]
+
+NEWAPI = str(DATA / "e2e" / "vmap-newapi.yaml")
+RELU = str(DATA / "e2e" / "relu-inject.yaml")
+SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.mark.arm64
+def test_a_different_failure_is_kept_apart_and_the_boundary_pinned(runs):
+    args = ["bisect", NEWAPI, "--from", "2.2.2", "--to", "2.4.0", "--arch", "arm64", "--out", str(runs), "--json"]
+    proc = run_lab(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    steps = {s["torch"]: s for s in result["steps"]}
+    assert steps["2.2.2"]["verdict"] == "failed_differently" and steps["2.2.2"]["outcome"] == "skip"
+    observed = steps["2.2.2"]["different_failure"]["observed"]
+    assert "AttributeError" in observed and "is_compiling" in observed
+    assert "torch.func.vmap capture is disabled" in steps["2.2.2"]["different_failure"]["expected"]
+    assert result["failed_differently_probes"] == ["2.2.2"]
+    assert (result["status"], result["last_old"], result["first_new"]) == ("found", "2.3.1", "2.4.0")
+    assert result["old_end"] == "2.3.0"  # the end that failed differently was replaced inwards
+    # pinned to source: both commits, the compare link, the git bisect line
+    source = result["source"]
+    assert SHA.match(source["last_old_commit"]) and SHA.match(source["first_new_commit"])
+    assert source["compare_url"] == ("https://github.com/pytorch/pytorch/compare/"
+                                     f"{source['last_old_commit']}...{source['first_new_commit']}")
+    assert source["git_bisect"].endswith(f"{source['first_new_commit']} {source['last_old_commit']}")
+    assert all(SHA.match(s["git_version"]) for s in result["steps"])
+    assert source["compare_url"] in proc.stderr and "git bisect start" in proc.stderr
+    # the compare summary of the boundary pair, printed and in bisect.md
+    assert any(line.startswith("verdict: reproduced → not_reproduced") for line in result["compare"])
+    assert "what changed at the boundary (lab compare):" in proc.stderr
+    folder = Path(result["folder"])
+    md = (folder / "bisect.md").read_text()
+    assert "## Failed differently" in md and "AttributeError" in md and "skipped: never a boundary" in md
+    assert "## What changed at the boundary" in md and source["compare_url"] in md
+    assert source["git_bisect"] in md
+    # 2.3.1's failure is Dynamo's: localized, and what could not be done is said
+    assert "torch 2.3.1" in result["localization"]
+    assert "does not ship torch._inductor.compiler_bisector" in result["localization"]
+    assert "## Localization" in md
+
+    # lab compare on the bisect folder: its boundary pair
+    cmp = run_lab("compare", str(folder), "--json")
+    assert cmp.returncode == 0, cmp.stderr
+    doc = last_json(cmp.stdout)
+    assert doc["kind"] == "compare" and doc["verdict"] == {"field": "verdict", "a": "reproduced",
+                                                           "b": "not_reproduced"}
+    assert doc["exception_a"]["type"] == "torch._dynamo.exc.Unsupported" and doc["exception_b"] is None
+    assert doc["exception_a"]["user_frame"] and "vmap_newapi.py" in doc["exception_a"]["user_frame"]
+    assert any(c["field"] == "torch" for c in doc["packages"]["changed"])
+    assert doc["libraries"]["available"]
+
+    # lab comment: the one-line result, the link, the details
+    comment = run_lab("comment", str(folder))
+    assert comment.returncode == 0, comment.stderr
+    text = comment.stdout
+    assert text.startswith("**Reproduced on torch 2.3.1, arm64 (emulated). Fixed between 2.3.1 and 2.4.0.**")
+    assert source["compare_url"] in text and "<details>" in text and "lab run " in text
+    assert "docker build --platform linux/arm64" in text
+
+    # the flag counts the different failure on one side; the folders are reused, nothing runs again
+    again = run_lab(*args, "--failed-differently", "reproduced")
+    assert again.returncode == 0, again.stderr[-3000:]
+    counted = last_json(again.stdout)
+    assert counted["failed_differently"] == "reproduced" and counted["old_end"] == "2.2.2"
+    assert (counted["last_old"], counted["first_new"]) == ("2.3.1", "2.4.0")
+    assert again.stderr.count("(from an earlier run)") >= 3
+
+
+def test_localize_names_inductor_and_the_subsystem(runs):
+    proc = run_lab("localize", RELU, "--out", str(runs), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["kind"] == "localize" and result["layer"] == "inductor"
+    bisector = result["bisector"]
+    assert bisector["available"] and bisector["ran"], bisector
+    assert bisector["backend"] == "inductor" and bisector["subsystem"], bisector
+    ablation = json.loads((Path(result["ablation_dir"]) / "ablation.json").read_text())
+    assert [s["verdict"] for s in ablation["ablation"]] == ["not_reproduced", "not_reproduced", "reproduced"]
