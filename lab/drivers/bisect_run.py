@@ -75,8 +75,10 @@ def choose_arch(scenario: Scenario, arch: str | None) -> str:
                         "choose one with --arch.", file=str(scenario.source), field="arch")
 
 
-def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: Releases, pre: bool) -> list[str]:
-    python = base_python(scenario.base)
+def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: Releases, pre: bool,
+                    python: str | None = None) -> list[str]:
+    """The releases from `old` to `new` with a wheel for `python` (default: the base image's)."""
+    python = python or base_python(scenario.base)
     if python is None:
         raise ScenarioError(f"the lab cannot tell which Python the base image {scenario.base} has, so it "
                             "cannot pick the releases that have a wheel for it.", file=str(scenario.source),
@@ -110,7 +112,8 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         run_case = production
 
     arch = choose_arch(scenario, arch)
-    found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre)
+    found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre,
+                            python=local_python(fleet))
     folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
     folder.mkdir(parents=True, exist_ok=True)
     resume = resume_command(scenario_ref, old, new, arch, runs_root, pre)
@@ -134,7 +137,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                 raise EngineGone(f"the engine {on.name} stopped answering ({outcome.result.reason})")
             p = _probe_from(version, outcome.result, run_dir)
             image = outcome.result.image
-            if not keep_images and image is not None and not image.cached:
+            if not keep_images and image is not None and not image.cached and outcome.result.local is None:
                 say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
                 on.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
                 on.remove_image(image.tag)
@@ -190,6 +193,19 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         "resume": resume})
     write_bisect_report(folder, scenario.name, arch, result, found, resume)
     return BisectRun(folder, result, found, resume)
+
+
+def local_python(fleet: Fleet | None) -> str | None:
+    """The Python (X.Y) of a bisection that runs on the local engine only: its venvs are made from the
+    host's Python, whatever the scenario's base image has."""
+    if fleet is None or set(fleet.engines) != {"local"}:
+        return None
+    import os
+
+    from lab.build.localenv import default_python, probe_python
+    engine = fleet.engine("local")
+    python = getattr(engine, "options", None) and engine.options.python or default_python()
+    return ".".join(probe_python(os.path.realpath(python)).version.split(".")[:2])
 
 
 def _finished(run_dir: Path) -> RunResult | None:
