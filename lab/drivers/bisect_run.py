@@ -60,9 +60,10 @@ def bisect_folder(runs_root: Path, scenario: Scenario, arch: str, old: str, new:
     return runs_root / scenario.name / f"bisect-{arch}-{old}-{new}"
 
 
-def resume_command(scenario_ref: str, old: str, new: str, arch: str, runs_root: Path, pre: bool) -> str:
+def resume_command(scenario_ref: str, old: str, new: str, arch: str, runs_root: Path, pre: bool,
+                   engine_words: tuple[str, ...] = ()) -> str:
     words = ["lab", "bisect", scenario_ref, "--from", old, "--to", new, "--arch", arch, "--out", str(runs_root)]
-    return shlex.join(words + (["--pre"] if pre else []))
+    return shlex.join(words + (["--pre"] if pre else []) + list(engine_words))
 
 
 def choose_arch(scenario: Scenario, arch: str | None) -> str:
@@ -116,7 +117,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                             python=local_python(fleet))
     folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
     folder.mkdir(parents=True, exist_ok=True)
-    resume = resume_command(scenario_ref, old, new, arch, runs_root, pre)
+    resume = resume_command(scenario_ref, old, new, arch, runs_root, pre, _local_words(fleet))
     if on_start:
         on_start(found, folder, resume)
 
@@ -193,6 +194,14 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         "resume": resume})
     write_bisect_report(folder, scenario.name, arch, result, found, resume)
     return BisectRun(folder, result, found, resume)
+
+
+def _local_words(fleet: Fleet | None) -> tuple[str, ...]:
+    """`--engine local` (and `--trust-script`) for the resume command of a local-only bisection."""
+    if fleet is None or set(fleet.engines) != {"local"}:
+        return ()
+    options = getattr(fleet.engine("local"), "options", None)
+    return ("--engine", "local") + (("--trust-script",) if options is not None and options.trust_script else ())
 
 
 def local_python(fleet: Fleet | None) -> str | None:
