@@ -44,9 +44,15 @@ ArchOpt = Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (def
 JsonOpt = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Runs folder (default: the runs_dir setting, ./runs).")]
 EngineOpt = Annotated[list[str] | None, typer.Option(
-    "--engine", help="Run on this Docker engine only: a Docker context name or a DOCKER_HOST URL (unix://, "
-    "tcp://, ssh://); repeat it for several. Default: the current engine and the `engines` setting.",
-    show_default=False)]
+    "--engine", help="Run on this engine only: a Docker context name, a DOCKER_HOST URL (unix://, tcp://, "
+    "ssh://), or `local` (this host, no container); repeat it for several. Default: the current engine and "
+    "the `engines` setting.", show_default=False)]
+PythonEnvOpt = Annotated[str, typer.Option(
+    "--python-env", help="The local engine's Python: `venv` (a venv per case made with uv, cached) or `current` "
+    "(the interpreter already there, LAB_LOCAL_PYTHON or the lab's own, when its torch is the case's).")]
+TrustOpt = Annotated[bool, typer.Option(
+    "--trust-script", help="Let the local engine run the script where bubblewrap cannot confine it (the report "
+    "says \"not confined\").")]
 JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", "-j", help="How many cases run at once across the engines (default: each engine's slots, "
     "one per 2 CPUs and 4 GiB of memory; see `lab engines`).", show_default=False)]
@@ -220,10 +226,22 @@ def _case(ref: str, torch: str | None, arch: str | None, backend: str | None = N
                    sets=_parse_sets(sets or []), mode=mode)
 
 
-def _fleet(engines: list[str] | None, jobs: int | None):
-    """The engines this command may use (see lab.engine.routing.open_fleet)."""
+def _fleet(engines: list[str] | None, jobs: int | None, python_env: str = "venv", trust_script: bool = False):
+    """The engines this command may use (see lab.engine.routing.open_fleet), the local engine with
+    its options."""
     from lab.engine.routing import open_fleet
-    return open_fleet(engines or (), _settings()["engines"], jobs, warn=log.warning)
+    if python_env not in ("venv", "current"):
+        raise ScenarioError(f"--python-env {python_env!r}: choose venv or current.", field="--python-env")
+    return open_fleet(engines or (), _settings()["engines"], jobs, warn=log.warning,
+                      local=_local_options(python_env, trust_script))
+
+
+def _local_options(python_env: str = "venv", trust_script: bool = False):
+    from lab.engine.local_engine import LocalOptions
+    settings = _settings()
+    python = settings["local.python"]
+    return LocalOptions(python_env=python_env, python=str(python) if python else None,
+                        bwrap=settings["local.bwrap"], trust_script=trust_script)
 
 
 def _engine_for(fleet, case):
@@ -384,6 +402,8 @@ def run(
                                         "0 not reproduced, 1 reproduced, 125 no verdict (infrastructure).")] = False,
     engines: EngineOpt = None,
     jobs: JobsOpt = None,
+    python_env: PythonEnvOpt = "venv",
+    trust_script: TrustOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build and run a scenario (or a matrix of versions x arches), analyse what happened and write a report."""
@@ -414,10 +434,11 @@ def run(
             run_limits(c, allow_network)
             check_release(c, host)
         runs_root = _runs_root(out_dir)
-        fleet = _fleet(engines, jobs)
+        fleet = _fleet(engines, jobs, python_env, trust_script)
         if len(cases) == 1 and repeat == 1:
             case = cases[0]
             engine = _engine_for(fleet, case)
+            _check_local(case, engine)
             on = f" on engine {engine.name}" if len(fleet.engines) > 1 or engines else ""
             _say(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else "") + on)
             if ablate:
@@ -436,6 +457,17 @@ def run(
     _guard(body, check)
     if check and verdict and (code := codes.verdict_exit(verdict[0], check)):
         raise typer.Exit(code)
+
+
+def _check_local(case, engine) -> None:
+    """The local engine's refusals (another arch, no sandbox without --trust-script, missing system
+    packages), before anything is made."""
+    from lab.pipeline import check_local, is_local
+    if is_local(engine):
+        check_local(case, engine)
+        if not engine.confinement.confined:
+            log.warning("the local engine runs the script NOT CONFINED (--trust-script): "
+                        f"{engine.confinement.problem}")
 
 
 def _matrix(cases, fleet, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:
@@ -544,6 +576,7 @@ def bisect_cmd(
         "skip (never a boundary), reproduced or not-reproduced.")] = "skip",
     localize: Annotated[bool, typer.Option("--localize/--no-localize", help="Localize a compile failure at the "
                                            "boundary (ablation, then compiler_bisector where torch ships it).")] = True,
+    trust_script: TrustOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
@@ -557,7 +590,12 @@ def bisect_cmd(
         counted = counting(failed_differently)
         loaded = _load(scenario)
         runs_root = _runs_root(out_dir)
-        fleet = _fleet(engines, jobs)
+        fleet = _fleet(engines, jobs, "venv", trust_script)
+        if "local" in fleet.engines and len(fleet.engines) == 1:  # refuse before the first probe
+            from lab.build.resolve import resolve
+            from lab.drivers.bisect_run import choose_arch
+            _check_local(resolve(loaded, torch=old_v, arch=choose_arch(loaded, _arch_for(loaded, arch)),
+                                 sets=_parse_sets(sets or [])), fleet.engine("local"))
         resume: list[str] = []
 
         def on_start(candidates: list[str], folder: Path, command: str) -> None:
@@ -669,8 +707,11 @@ def engines_cmd(
     with the reason."""
     def body() -> None:
         from lab.core.records import format_bytes
-        from lab.engine.engines import engine_specs, survey
-        facts = [f for f, _ in survey(engine_specs(engines or (), _settings()["engines"]))]
+        from lab.engine.engines import engine_specs, parse_spec, survey
+        specs = engine_specs(engines or (), _settings()["engines"])
+        if not any(s.kind == "local" for s in specs):
+            specs.append(parse_spec("local", "built-in"))
+        facts = [f for f, _ in survey(specs)]
         if as_json:
             out.print(json.dumps({"engines": [f.as_json() for f in facts]}), markup=False)
             return
@@ -680,6 +721,13 @@ def engines_cmd(
                 out.print(f"{head}: [red]unreachable[/], skipped: {escape(f.reason or '')}", soft_wrap=True)
                 continue
             disk = format_bytes(f.free_disk) if f.free_disk is not None else f"unknown ({f.free_disk_note})"
+            if f.kind == "local":
+                out.print(f"{head}: [green]available[/] (this host, no container; `--engine local`)\n"
+                          f"  arch {f.arch} only (no emulation), {f.cpus} CPUs, {format_bytes(f.memory or 0)} memory, "
+                          f"NVIDIA devices {'yes' if f.gpu else 'no'}\n"
+                          f"  confinement {escape(f.confinement or '?')}; free disk {escape(disk)} (cache); "
+                          f"{f.slots} slot(s)", soft_wrap=True)
+                continue
             emulates = ", ".join(f.emulates) or "nothing" if f.emulates is not None else "unknown (remote)"
             out.print(f"{head}: [green]reachable[/]\n"
                       f"  arch {f.arch}, {f.cpus} CPUs, {format_bytes(f.memory or 0)} memory, "

@@ -13,16 +13,17 @@ from lab.analyze.dynamo import Diagnostics, load_diagnostics
 from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.analyze.torchbuild import parse_version_file
-from lab.build.crossinstall import VENV_IN_IMAGE
+from lab.build.crossinstall import VENV_IN_IMAGE, install_with_uv
 from lab.build.hostpip import HostPip
 from lab.build.image import build_image
+from lab.build.localenv import check_system_packages, prepare_local
 from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
 from lab.build.resolve import Case, base_python
 from lab.cache_policy import inventory as cache_policy
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
-from lab.core.results import RunResult, StageTimes, TorchBuild
+from lab.core.results import LocalRef, RunResult, StageTimes, TorchBuild
 from lab.engine.docker_engine import Engine
 from lab.history.index import record_run
 from lab.report import run_folder as report
@@ -55,11 +56,19 @@ class RunCase(Protocol):
                  plan: BuildPlan | None = None) -> RunOutcome: ...
 
 
+def is_local(engine) -> bool:
+    """Whether `engine` is the local engine (this host, no container: lab.engine.local_engine)."""
+    return getattr(engine, "kind", "docker") == "local"
+
+
 def check_gpu(case: Case, engine: Engine) -> None:
     if case.scenario.gpu and not engine.has_gpu_runtime():
         variant = case.scenario.cpu_variant
         hint = (f"Run its CPU variant instead: `lab run {variant}`." if variant else
                 "Run it on an engine with the NVIDIA container runtime (see `lab doctor`).")
+        if is_local(engine):
+            raise NoGpuRuntimeError(f"{case.scenario.name} needs a GPU, and this host has no NVIDIA device "
+                                    "(/dev/nvidiactl, /dev/nvidia0).", hint=hint)
         raise NoGpuRuntimeError(
             f"{case.scenario.name} needs a GPU, and this Docker engine has no NVIDIA runtime "
             f"(runtimes: {', '.join(sorted(engine.info().get('Runtimes') or {})) or 'none'}).", hint=hint)
@@ -92,20 +101,32 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     """
     check_gpu(case, engine)
     limits = run_limits(case, allow_network)
+    system = check_local(case, engine, events) if is_local(engine) else None
     with cache_policy.lease():  # what this run uses is not evicted while it runs
         outcome = _run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
-                            compile_debug=compile_debug, collect_env=collect_env, plan=plan, limits=limits)
+                            compile_debug=compile_debug, collect_env=collect_env, plan=plan, limits=limits,
+                            system=system)
         cache_policy.enforce_cap(engine, events)  # after the run, under its lease: never fails the run
     return outcome
 
 
+def check_local(case: Case, engine, events: Events = no_events) -> str:
+    """What the local engine refuses before anything is made: another arch, a script it cannot
+    confine (without --trust-script), system packages the host lacks. Returns where the system
+    packages came from, in words."""
+    engine.check_native(case.arch, case.name)
+    engine.check_confinement()
+    return check_system_packages(case, events)
+
+
 def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events, *,
               run_dir: Path | None, diagnose: bool | None, compile_debug: bool, collect_env: bool,
-              plan: BuildPlan | None, limits: RunLimits) -> RunOutcome:
+              plan: BuildPlan | None, limits: RunLimits, system: str | None = None) -> RunOutcome:
     clock = _Clock()
+    local = is_local(engine)
     if plan is None:
-        with clock("site"):
-            plan = plan_build(case, host, events)
+        with clock("site"):  # the local engine needs the Dockerfile and context only as a record
+            plan = plan_build(case, host, events, installer=None if local else install_with_uv)
     if plan.site is not None and plan.site.root is not None:
         cache_policy.note_use(paths=(plan.site.root, cache_dir("uv")))
     started = datetime.now(timezone.utc)
@@ -114,30 +135,41 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     report.write_scenario(run_dir, case, None)
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version, engine_name=engine.name,
-                  host_arch=engine.arch.uname, emulated=emulated, started=started)
+                  host_arch=engine.arch.uname, emulated=emulated, started=started,
+                  engine_kind="local" if local else "docker")
     try:
         try:
             with clock("build"):
-                image = build_image(plan, engine, host, events, run_dir / "build.log")
+                if local:
+                    image = prepare_local(case, host, run_dir, python_env=engine.options.python_env,
+                                          python=engine.options.python, gpu=case.scenario.gpu, events=events,
+                                          log=run_dir / "build.log")
+                else:
+                    image = build_image(plan, engine, host, events, run_dir / "build.log")
         except BuildError as err:
             judgement = build_failed(err.message)
             rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None,
                                    timings=clock.times(), **record)
             return RunOutcome(run_dir, report.write_results(rec), judgement)
         clock.spent["base"] = image.base_seconds
-        cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
-        report.write_scenario(run_dir, case, image.base)
-        _save_freeze(engine, image.tag, run_dir)
-        torch_build = read_torch_build(engine, image.tag, case)
+        if image.local is not None:
+            record["local"] = _local_ref(engine, image, limits, system or "")
+            if image.local.kind == "venv":
+                cache_policy.note_use(paths=(Path(image.local.where), cache_dir("uv")))
+        else:
+            cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
+        report.write_scenario(run_dir, case, None if local else image.base)
+        _save_freeze(engine, image.ref, run_dir)
+        torch_build = read_torch_build(engine, image.ref, case)
         with clock("run"):
-            raw = _run_script(case, engine, image.tag, run_dir, events, limits)
+            raw = _run_script(case, engine, image.ref, run_dir, events, limits)
         with clock("analyze"):
             evidence = analyze(raw)
         diagnostics = None
         run_it, why = diagnose_decision(diagnose, compile_debug, case, evidence)
         if run_it:
             with clock("diagnose"):
-                diagnostics = _diagnose(case, engine, image.tag, run_dir, events, limits, compile_debug)
+                diagnostics = _diagnose(case, engine, image.ref, run_dir, events, limits, compile_debug)
         else:
             events("diagnose", f"not run: {why}")
         collected = None
@@ -146,7 +178,8 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
                 collected = _collect_env(engine, image, case, events)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
                           read_text(raw.stderr_path), diagnostics)
-        rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.base,
+        rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image,
+                               base=None if local else image.base,
                                collect_env=collected, diagnostics=diagnostics,
                                diagnose=("ran: " if run_it else "not run: ") + why,
                                timings=clock.times(), torch_build=torch_build, **record)
@@ -160,6 +193,15 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     finally:  # the run folder is written first; the history index only caches it
         if (note := record_run(runs_root, run_dir)) is not None:
             logging.getLogger("lab").warning(note)
+
+
+def _local_ref(engine, image, limits: RunLimits, system: str) -> LocalRef:
+    from lab.engine.local_engine import host_libc, host_os
+    env = image.local
+    confinement = engine.confinement
+    return LocalRef(os=host_os(), libc=host_libc(), python=env.python_version, python_env=env.kind,
+                    environment=env.where, system_packages=system, confined=confinement.confined,
+                    confinement=confinement.words(limits.network))
 
 
 class _Clock:
@@ -216,7 +258,7 @@ def _command(case: Case, through_runner: bool) -> list[str]:
     return ["python", RUNNER_IN_IMAGE, *script] if through_runner else ["python", *script]
 
 
-def _run_script(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events, limits: RunLimits):
+def _run_script(case: Case, engine: Engine, tag, run_dir: Path, events: Events, limits: RunLimits):
     env = case.run_env()
     env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": "/out/ld/ld"})
     command = _command(case, through_runner=case.hooked)
@@ -235,7 +277,7 @@ def _output_events(raw: RawRun, events: Events, stage: str) -> None:
         events(stage, line)
 
 
-def _diagnose(case: Case, engine: Engine, tag: str, run_dir: Path, events: Events, limits: RunLimits,
+def _diagnose(case: Case, engine: Engine, tag, run_dir: Path, events: Events, limits: RunLimits,
               compile_debug: bool = False) -> Diagnostics:
     """What the torch.compile FAQ says to collect: explain's graph breaks, recompile reasons,
     compile time by phase, and a TORCH_TRACE folder (for tlparse); with `compile_debug`, also
@@ -275,7 +317,7 @@ def _collect_env(engine: Engine, image, case: Case, events: Events) -> str:
     except OSError:
         pass
     events("collect_env", "python -m torch.utils.collect_env")
-    code, output = engine.output_of(image.tag, ["python", "-m", "torch.utils.collect_env"], case.arch,
+    code, output = engine.output_of(image.ref, ["python", "-m", "torch.utils.collect_env"], case.arch,
                                     COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name})
     if code != 0:
         return f"Could not collect (exit {code}):\n{output}"
@@ -309,7 +351,7 @@ def read_torch_file(engine: Engine, tag: str, case: Case, relpath: str) -> bytes
     return None
 
 
-def _save_freeze(engine: Engine, tag: str, run_dir: Path) -> None:
+def _save_freeze(engine: Engine, tag, run_dir: Path) -> None:
     data = engine.read_file(tag, "/lab/pip-freeze.txt")
     if data is not None:
         (run_dir / "pip-freeze.txt").write_bytes(data)

@@ -130,6 +130,12 @@ KEYS: tuple[Key, ...] = (
         "the image installs everything)"),
     Key("mirrors.debian", "LAB_DEBIAN_MIRROR", Annotated[str, AfterValidator(_mirror)],
         "http://deb.debian.org/debian", "the URL of the Debian mirror used to bootstrap base images"),
+    Key("local.python", "LAB_LOCAL_PYTHON", PathValue | None, None,
+        "the Python the local engine (`--engine local`) makes its venvs from, and runs with `--python-env "
+        "current` (default: the Python that runs the lab)", is_path=True),
+    Key("local.bwrap", "LAB_BWRAP", str, "bwrap",
+        "the bubblewrap the local engine confines scripts with: a command on PATH or a path; `off` runs "
+        "without it, which needs `--trust-script`"),
 )
 _BY_NAME = {k.name: k for k in KEYS}
 _TABLES = {name.split(".")[0] for name in _BY_NAME if "." in name}

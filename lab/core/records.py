@@ -30,6 +30,22 @@ class BaseImage:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalImage:
+    """What the local engine runs a case in (lab.build.localenv makes it): the role an image plays."""
+
+    python: str                         # the interpreter the script runs with
+    binds: tuple[str, ...]              # host folders the sandbox binds read-only at their own paths
+    path: tuple[str, ...]               # first entries of PATH (the venv's bin/)
+    lab_dir: Path                       # holds repro/ (the script) and tools/ (the runner): the run folder
+    freeze: str = ""                    # pip freeze of the environment
+    env: tuple[tuple[str, str], ...] = ()  # VIRTUAL_ENV, when it is a venv
+    gpu: bool = False                   # pass the NVIDIA device nodes through
+    kind: str = "venv"                  # "venv" (made by uv, cached) | "current" (the interpreter there)
+    python_version: str = ""            # 3.11.7
+    where: str = ""                     # the venv's folder, or the interpreter's path
+
+
+@dataclass(frozen=True, slots=True)
 class BuiltImage:
     tag: str
     image_id: str
@@ -37,6 +53,12 @@ class BuiltImage:
     cached: bool            # True when the content-addressed tag already existed
     build_seconds: float
     base_seconds: float = 0.0  # of which: making sure the base is there (bootstrap, when cold)
+    local: LocalImage | None = None  # the local engine's environment (then `tag` names it)
+
+    @property
+    def ref(self) -> str | LocalImage:
+        """What the engine runs: the tag, or the local engine's environment."""
+        return self.local if self.local is not None else self.tag
 
 
 # What the lab copies out of a run at most (scenario `limits: {output: ..., logs: ...}` changes

@@ -243,6 +243,20 @@ class EngineRef(Record):
     version: str
     host_arch: str
     name: str = "default"  # the engine used: its Docker context's name, or its address
+    kind: Literal["docker", "local"] = "docker"  # local: this host, no container (`--engine local`)
+
+
+class LocalRef(Record):
+    """A run of the local engine: the host it ran on, its Python and how the script was confined."""
+
+    os: str                # the host's OS (PRETTY_NAME of /etc/os-release)
+    libc: str              # glibc 2.36
+    python: str            # 3.11.7
+    python_env: Literal["venv", "current"]
+    environment: str       # the venv's folder, or the interpreter's path
+    system_packages: str   # where they came from: the host, never the scenario's base image
+    confined: bool
+    confinement: str       # bubblewrap's version and what it allowed, or "not confined (--trust-script) ..."
 
 
 class RunResult(Document):
@@ -273,6 +287,7 @@ class RunResult(Document):
     image: ImageRef | None
     base: BaseRef | None
     engine: EngineRef
+    local: LocalRef | None = None       # the local engine's host, Python and confinement
     lab_version: str
     started: IsoTime
     different_failure: FailureSignatures | None = None   # failed_differently: expected vs observed

@@ -60,9 +60,10 @@ def bisect_folder(runs_root: Path, scenario: Scenario, arch: str, old: str, new:
     return runs_root / scenario.name / f"bisect-{arch}-{old}-{new}"
 
 
-def resume_command(scenario_ref: str, old: str, new: str, arch: str, runs_root: Path, pre: bool) -> str:
+def resume_command(scenario_ref: str, old: str, new: str, arch: str, runs_root: Path, pre: bool,
+                   engine_words: tuple[str, ...] = ()) -> str:
     words = ["lab", "bisect", scenario_ref, "--from", old, "--to", new, "--arch", arch, "--out", str(runs_root)]
-    return shlex.join(words + (["--pre"] if pre else []))
+    return shlex.join(words + (["--pre"] if pre else []) + list(engine_words))
 
 
 def choose_arch(scenario: Scenario, arch: str | None) -> str:
@@ -75,8 +76,10 @@ def choose_arch(scenario: Scenario, arch: str | None) -> str:
                         "choose one with --arch.", file=str(scenario.source), field="arch")
 
 
-def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: Releases, pre: bool) -> list[str]:
-    python = base_python(scenario.base)
+def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: Releases, pre: bool,
+                    python: str | None = None) -> list[str]:
+    """The releases from `old` to `new` with a wheel for `python` (default: the base image's)."""
+    python = python or base_python(scenario.base)
     if python is None:
         raise ScenarioError(f"the lab cannot tell which Python the base image {scenario.base} has, so it "
                             "cannot pick the releases that have a wheel for it.", file=str(scenario.source),
@@ -119,10 +122,11 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         run_case = production
 
     arch = choose_arch(scenario, arch)
-    found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre)
+    found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre,
+                            python=local_python(fleet))
     folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
     folder.mkdir(parents=True, exist_ok=True)
-    resume = resume_command(scenario_ref, old, new, arch, runs_root, pre)
+    resume = resume_command(scenario_ref, old, new, arch, runs_root, pre, _local_words(fleet))
     if failed_differently != SKIP:
         resume += " --failed-differently " + failed_differently.replace("_", "-")
     if on_start:
@@ -145,7 +149,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                 raise EngineGone(f"the engine {on.name} stopped answering ({outcome.result.reason})")
             p = _probe_from(version, outcome.result, run_dir, failed_differently=failed_differently)
             image = outcome.result.image
-            if not keep_images and image is not None and not image.cached:
+            if not keep_images and image is not None and not image.cached and outcome.result.local is None:
                 say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
                 on.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
                 on.remove_image(image.tag)
@@ -248,6 +252,27 @@ def _bad_release(result: BisectResult) -> str | None:
     if probe is None or probe.verdict != "reproduced" or not probe.run_dir:
         return None
     return bad if is_compile_failure(Path(probe.run_dir)) else None
+
+
+def _local_words(fleet: Fleet | None) -> tuple[str, ...]:
+    """`--engine local` (and `--trust-script`) for the resume command of a local-only bisection."""
+    if fleet is None or set(fleet.engines) != {"local"}:
+        return ()
+    options = getattr(fleet.engine("local"), "options", None)
+    return ("--engine", "local") + (("--trust-script",) if options is not None and options.trust_script else ())
+
+
+def local_python(fleet: Fleet | None) -> str | None:
+    """The Python (X.Y) of a bisection that runs on the local engine only: its venvs are made from the
+    host's Python, whatever the scenario's base image has."""
+    if fleet is None or set(fleet.engines) != {"local"}:
+        return None
+    import os
+
+    from lab.build.localenv import default_python, probe_python
+    engine = fleet.engine("local")
+    python = getattr(engine, "options", None) and engine.options.python or default_python()
+    return ".".join(probe_python(os.path.realpath(python)).version.split(".")[:2])
 
 
 def _finished(run_dir: Path) -> RunResult | None:

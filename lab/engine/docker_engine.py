@@ -32,7 +32,6 @@ from lab.core.records import (
     EMULATOR_CRASH,
     STOPPED_EMULATOR,
     STOPPED_OUT_FULL,
-    STREAM_TAIL_BYTES,
     Events,
     ImageUsage,
     OutputCopy,
@@ -42,6 +41,7 @@ from lab.core.records import (
     format_bytes,
 )
 from lab.core.safetar import extract_outputs
+from lab.engine.streams import StreamFile as _Capture
 from lab.scenario.schema import Arch
 
 LABEL = "org.torch-repro-lab.managed"
@@ -581,40 +581,6 @@ def container_options(arch: Arch | None, labels: dict[str, str], limits: RunLimi
     if limits.cpus:
         options["nano_cpus"] = int(limits.cpus * 1e9)
     return options
-
-
-class _Capture:
-    """One stream into one file: the first `cap` bytes, then (past the cap) only the last
-    STREAM_TAIL_BYTES, written after a marker line when the stream ends."""
-
-    def __init__(self, name: str, path: Path, cap: int) -> None:
-        self.name, self.path, self.cap = name, path, cap
-        self.fh = path.open("wb")
-        self.total = 0
-        self.head = 0
-        self.tail = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self.total += len(data)
-        if self.head < self.cap:
-            part = data[: self.cap - self.head]
-            self.fh.write(part)
-            self.head += len(part)
-            data = data[len(part):]
-        if data:
-            self.tail += data
-            del self.tail[:-STREAM_TAIL_BYTES]
-
-    def finish(self, note: str | None) -> StreamCapture:
-        """Close the file (once; later calls only report)."""
-        if not self.fh.closed:
-            if self.total > self.head:
-                dropped = self.total - self.head - len(self.tail)
-                self.fh.write(f"\n[torch-repro-lab: {self.name} cut at {format_bytes(self.cap)}; "
-                              f"{dropped} bytes dropped here; its last {len(self.tail)} bytes follow]\n".encode())
-                self.fh.write(self.tail)
-            self.fh.close()
-        return StreamCapture(self.name, self.total, self.head + len(self.tail), self.cap, note)
 
 
 class _StreamReader(threading.Thread):

@@ -1,6 +1,9 @@
 """Which Docker engines the lab can use, and what each one is.
 
-An engine is Docker's own notion: a Docker context (`docker context create ...`) or a DOCKER_HOST
+The local engine (`local`: this host, no container, lab.engine.local_engine) is listed too, and
+used when named (`--engine local`, or `local` in the `engines` setting).
+
+An engine is otherwise Docker's own notion: a Docker context (`docker context create ...`) or a DOCKER_HOST
 URL (`unix://`, `tcp://` with TLS, `ssh://`). The lab uses the current one (DOCKER_HOST, else
 DOCKER_CONTEXT, else the CLI's current context) plus those named in the config file (`engines`)
 and with `--engine`. Each is connected once and described by its facts (architecture, CPUs,
@@ -20,6 +23,7 @@ from urllib.parse import urlparse
 
 from lab.core.errors import EngineError
 from lab.engine.docker_engine import Engine, current_context_name, docker_context, env_tls
+from lab.engine.local_engine import LOCAL, LocalEngine, LocalOptions, memory_bytes
 from lab.scenario.schema import Arch
 
 GiB = 1024**3
@@ -40,6 +44,8 @@ class EngineSpec:
     source: str                       # "current", "config" or "--engine"
     tls: object | None = field(default=None, compare=False, repr=False)  # docker.tls.TLSConfig
     problem: str | None = None        # why it cannot even be tried (no such context)
+    kind: str = "docker"              # "local": this host without containers
+    options: object | None = field(default=None, compare=False, repr=False)  # LocalOptions of a local one
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class EngineFacts:
     free_disk_note: str | None = None
     emulates: tuple[str, ...] | None = None  # arches it runs through QEMU; None: unknown (a remote engine)
     local: bool = False               # the engine's socket is on this host
+    kind: str = "docker"              # "local": the local engine (no container)
+    confinement: str | None = None    # the local engine: bubblewrap's version, or why it cannot confine
 
     @property
     def slots(self) -> int:
@@ -86,7 +94,8 @@ class EngineFacts:
                 "gpu": self.gpu, "version": self.version, "free_disk": self.free_disk,
                 "free_disk_note": self.free_disk_note,
                 "emulates": list(self.emulates) if self.emulates is not None else None,
-                "local": self.local, "slots": self.slots}
+                "local": self.local, "slots": self.slots, "kind": self.kind,
+                "confinement": self.confinement}
 
 
 # ----------------------------------------------------------------------------- which engines
@@ -112,6 +121,8 @@ def _from_context(name: str, source: str) -> EngineSpec:
 def parse_spec(text: str, source: str) -> EngineSpec:
     """A `--engine`/config value: a DOCKER_HOST URL, or a Docker context name."""
     text = text.strip()
+    if text == LOCAL or text == "local://":
+        return EngineSpec(LOCAL, "local://", source, kind=LOCAL)
     if "://" in text:
         scheme = urlparse(text).scheme
         if scheme not in SCHEMES:
@@ -142,6 +153,8 @@ def engine_specs(flags: Sequence[str] = (), configured: Sequence[str] = (), *,
 
 def connect(spec: EngineSpec, answer_within: float = CONNECT_TIMEOUT_S) -> Engine:
     """An Engine for `spec`; EngineError (with the reason) when it does not answer."""
+    if spec.kind == LOCAL:
+        return LocalEngine(spec.options if isinstance(spec.options, LocalOptions) else None)
     if spec.problem or not spec.url:
         raise EngineError(f"engine {spec.name}: {spec.problem or 'no address'}.")
     return Engine.connect_url(spec.url, name=spec.name, tls=spec.tls, answer_within=answer_within)
@@ -173,6 +186,8 @@ def describe(spec: EngineSpec, engine: Engine | None = None) -> EngineFacts:
     base = dict(name=spec.name, url=spec.url, source=spec.source)
     if spec.problem:
         return EngineFacts(**base, reachable=False, reason=spec.problem)
+    if spec.kind == LOCAL:
+        return describe_local(spec, engine if isinstance(engine, LocalEngine) else None)
     try:
         engine = engine or connect(spec)
         info = engine.info()
@@ -191,6 +206,31 @@ def describe(spec: EngineSpec, engine: Engine | None = None) -> EngineFacts:
                        memory=int(info.get("MemTotal") or 0) or None, gpu=engine.has_gpu_runtime(),
                        version=engine.version, free_disk=free, free_disk_note=note,
                        emulates=emulated_arches(arch) if local else None, local=local)
+
+
+def describe_local(spec: EngineSpec, engine: LocalEngine | None = None) -> EngineFacts:
+    """The local engine's facts: this host's arch (and no other: it never emulates), CPUs, memory,
+    NVIDIA devices, free disk under the cache folder, and its confinement."""
+    from lab.core.cache import cache_root
+    engine = engine or LocalEngine(spec.options if isinstance(spec.options, LocalOptions) else None)
+    try:
+        arch = engine.arch.value
+    except EngineError as exc:
+        return EngineFacts(spec.name, spec.url, spec.source, reachable=False, reason=exc.message, kind=LOCAL)
+    c = engine.confinement
+    free, note = None, None
+    try:
+        root = cache_root()
+        while not root.exists():
+            root = root.parent
+        free = shutil.disk_usage(root).free
+    except OSError as exc:
+        note = str(exc)
+    return EngineFacts(spec.name, spec.url, spec.source, reachable=True, arch=arch, cpus=os.cpu_count(),
+                       memory=memory_bytes(), gpu=engine.has_gpu_runtime(), version=engine.version,
+                       free_disk=free, free_disk_note=note, emulates=(), local=True, kind=LOCAL,
+                       confinement=(f"bubblewrap {c.version}" if c.confined else
+                                    f"none ({c.problem}): runs only with --trust-script"))
 
 
 def survey(specs: Iterable[EngineSpec]) -> list[tuple[EngineFacts, Engine | None]]:

@@ -57,7 +57,9 @@ def routes(arch: str, gpu: bool, engines: Sequence[EngineFacts], pinned: str | N
             continue
         how = e.can_run(arch)
         if how is None:
-            why_not.append(f"{e.name}: {e.arch} without QEMU for {arch}")
+            why_not.append(f"{e.name}: runs only this host's {e.arch}, without emulation; a Docker engine runs "
+                           f"{arch} (with QEMU, or a native one)" if e.kind == "local" else
+                           f"{e.name}: {e.arch} without QEMU for {arch}")
             continue
         ranked.append((_ORDER[how], position, Route(e.name, how != "native")))
     if not ranked:
@@ -170,13 +172,15 @@ ENGINE_HINT = ("Start it (as root: `bin/setup-host`, or `systemctl start docker`
 
 
 def open_fleet(flags: Sequence[str] = (), configured: Sequence[str] = (), jobs: int | None = None,
-               warn=lambda message: None) -> Fleet:
+               warn=lambda message: None, local=None) -> Fleet:
     """The engines a run may use: those named with `--engine` only, else the current engine and the
     configured ones. Unreachable engines are skipped with a warning; none reachable is an EngineError."""
+    from dataclasses import replace
+
     from lab.core.errors import EngineError
     from lab.engine.engines import engine_specs, survey
-
     specs = engine_specs(flags, (), include_current=False) if flags else engine_specs((), configured)
+    specs = [replace(s, options=local) if s.kind == "local" else s for s in specs]
     members = survey(specs)
     reachable = [(f, e) for f, e in members if f.reachable and e is not None]
     for facts, _ in members:

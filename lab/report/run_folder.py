@@ -27,6 +27,7 @@ from lab.core.results import (
     BaseRef,
     EngineRef,
     ImageRef,
+    LocalRef,
     RunEvidence,
     RunResult,
     StageTimes,
@@ -57,6 +58,8 @@ class RunRecord:
     diagnose: str | None = None        # why the diagnose step ran or did not
     timings: StageTimes | None = None
     torch_build: TorchBuild | None = None  # torch/version.py of the image (git_version)
+    engine_kind: str = "docker"        # "local": this host, no container
+    local: LocalRef | None = None      # the local engine's host, Python and confinement
 
 
 def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:
@@ -127,7 +130,9 @@ def run_result(rec: RunRecord) -> RunResult:
                                                       cached=rec.image.cached),
         base=None if rec.base is None else BaseRef(requested=rec.base.requested, ref=rec.base.ref,
                                                    origin=rec.base.origin, image_id=rec.base.image_id),
-        engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch, name=rec.engine_name),
+        engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch, name=rec.engine_name,
+                         kind=rec.engine_kind),
+        local=rec.local,
         lab_version=__version__,
         started=rec.started.isoformat(timespec="seconds"),
         different_failure=rec.judgement.different,
@@ -257,6 +262,7 @@ class ReportView:
     environment: tuple[Details, ...]
     torch_commit: str | None = None                 # torch.version.git_version of the image
     different: tuple[str, str] | None = None        # failed_differently: (expected, observed), escaped
+    local: LocalRef | None = None      # a run of the local engine: no container, the host's system
 
 
 def render_report(rec: RunRecord) -> str:
@@ -271,6 +277,8 @@ def report_view(rec: RunRecord) -> ReportView:
     d = rec.diagnostics
     where = f"{case.arch.platform}" + (f", emulated with QEMU on an {rec.host_arch} host"
                                        if rec.emulated else ", native") + f", engine {rec.engine_name}"
+    if rec.local is not None:
+        where += f" (this host, no container: {rec.local.os}, {rec.local.libc})"
     base_note, build_base = None, s.base
     if rec.base and rec.base.ref != rec.base.requested:
         base_note = f"this engine had no registry: its base was {rec.base.origin} as {rec.base.ref}"
@@ -293,7 +301,7 @@ def report_view(rec: RunRecord) -> ReportView:
         ablatable=s.ablation.via != "none", backend=case.backend or "as the script chooses", mode=case.mode,
         scenario_ref=scenario_ref(case),
         script_name=s.script.name, args=_args(case), script=s.script.read_text(errors="replace").rstrip(),
-        rerun=shlex.join(_rerun_command(case)), platform=case.arch.platform, base_note=base_note,
+        rerun=shlex.join(_rerun_command(case, rec.local)), platform=case.arch.platform, base_note=base_note,
         build_base=build_base,
         run_env="".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items())),
         logs=tuple(_logs(rec)),
@@ -307,6 +315,7 @@ def report_view(rec: RunRecord) -> ReportView:
         environment=tuple(_environment(rec)),
         torch_commit=rec.torch_build.git_version if rec.torch_build else None,
         different=(_cell(j.different.expected), _cell(j.different.observed)) if j.different else None,
+        local=rec.local,
     )
 
 
@@ -394,8 +403,12 @@ def _args(case: Case) -> str:
     return (" " + shlex.join(case.scenario.args)) if case.scenario.args else ""
 
 
-def _rerun_command(case: Case) -> list[str]:
+def _rerun_command(case: Case, local: LocalRef | None = None) -> list[str]:
     cmd = ["lab", "run", scenario_ref(case), "--torch", case.torch, "--arch", case.arch.value]
+    if local is not None:
+        cmd += ["--engine", "local"] + (["--python-env", "current"] if local.python_env == "current" else [])
+        if not local.confined:
+            cmd.append("--trust-script")
     if case.backend:
         cmd += ["--backend", case.backend]
     if case.mode:

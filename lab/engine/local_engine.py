@@ -1,0 +1,657 @@
+"""The local engine: a case runs on this host, without containers (`--engine local`).
+
+GPU servers where users are not in the `docker` group, HPC nodes and laptops have no Docker engine
+the lab may use. There the lab does what people do by hand (a venv with the pinned torch, run the
+script, read the log), with the same runner, LD_DEBUG, timeout, outputs and verdicts as in a
+container. The venv is made by the build stage (`lab.build.localenv`); this module runs in it.
+
+Where bubblewrap (`bwrap`) works, the script runs confined, laid out as in the lab's images:
+
+- a read-only view of the system (/usr, /etc and the merged-/usr links, /sys), a fresh /proc and
+  /dev, a private /tmp (a tmpfs), and nothing else of the host: no /home, no /root, no /var, no
+  /run, no Docker socket; the Python and its venv are bound read-only at their own paths;
+- the script at /lab/repro and the runner at /lab/tools (read-only, from the run folder), and
+  /out, the only folder it may write to: a fresh folder that belongs to the run user, copied into
+  the run folder after the run through the same safe extractor as a container's /out (no link,
+  fifo or device is ever made; caps on bytes and files);
+- no network (`--unshare-net`) unless the scenario asks for it and the user allowed it;
+- its own pid, IPC and UTS namespaces; every process dies with the run;
+- the NVIDIA device nodes (/dev/nvidia*) only for GPU scenarios;
+- as root, the script runs as uid 10001 (setpriv, inside the sandbox), with no capabilities and
+  no-new-privileges, so a root-owned host is not writable even where it is visible; otherwise
+  it runs as the user, in a user namespace.
+
+Limits without cgroups: the address space (RLIMIT_AS, CPU cases only: CUDA reserves far more
+address space than it uses), the number of processes (RLIMIT_NPROC), no core dumps; /out is
+measured while the script runs and the run is stopped past its cap.
+
+Without a working bwrap, the local engine runs a script only when the user confirmed that it is
+trusted (`--trust-script`): then it runs as the user, with the host's files and network, and the
+report says "not confined".
+
+Only one architecture: the host's. A case of another arch goes to a Docker engine (with QEMU, or
+a native one); see `lab engines`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import os
+import platform
+import queue
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.core.errors import EngineError, LabError
+from lab.core.records import STOPPED_OUT_FULL, Events, LocalImage, RawRun, RunLimits, format_bytes
+from lab.core.safetar import extract_outputs
+from lab.engine.streams import StreamFile
+from lab.scenario.schema import Arch
+
+LOCAL = "local"
+RUN_UID = 10001
+OUT = "/out"
+LAB_DIR = "/lab"
+OUT_FOLDERS = ("ld", "diag", "trace", "compile_debug")  # made in /out before the run, as in the images
+# The host's system, seen read-only by the script. The merged-/usr links stay links.
+SYSTEM_DIRS = ("/usr", "/etc", "/opt/nvidia")
+TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
+_OUT_CHECK_S = 5.0
+_POLL_S = 0.5
+_KILL_GRACE_S = 5.0
+OUTPUT_OF_BYTES = 16 * 1024**2
+
+
+class NotConfinedError(LabError):
+    """bwrap is missing or does not work here, and the user did not say that the script is trusted."""
+
+
+class ForeignArchError(LabError):
+    """The local engine runs only the host's architecture."""
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """How the local engine runs: `python_env` "venv" (a uv venv per case) or "current" (the
+    interpreter already there); `python` the interpreter (None: the one running the lab);
+    `bwrap` the bubblewrap command ("off": none); `trust_script` the user's word that the script
+    may run unconfined where bwrap cannot confine it."""
+
+    python_env: str = "venv"
+    python: str | None = None
+    bwrap: str = "bwrap"
+    trust_script: bool = False
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How the local engine confines a script on this host: bwrap's version, or why not."""
+
+    tool: str | None                    # the bwrap command that works, or None
+    version: str | None = None
+    problem: str | None = None          # why bwrap cannot be used
+    as_root: bool = False
+
+    @property
+    def confined(self) -> bool:
+        return self.tool is not None
+
+    def words(self, network: bool) -> str:
+        if not self.confined:
+            return ("not confined (--trust-script): the script ran as " + _user_name() +
+                    " with the host's files" + (" and network" if network else "") +
+                    (f"; bubblewrap: {self.problem}" if self.problem else ""))
+        who = (f"uid {RUN_UID} (setpriv, from root)" if self.as_root else
+               f"the user ({_user_name()}) in a user namespace")
+        return (f"bubblewrap {self.version or ''}".rstrip() + f": {who}, no capabilities, no-new-privileges, "
+                "a read-only view of the host's system, a private /tmp, only the run's /out writable, "
+                + ("the host's network" if network else "no network") + ", its own pid namespace")
+
+
+def host_os() -> str:
+    """PRETTY_NAME of /etc/os-release ('Debian GNU/Linux 12 (bookworm)'), or the kernel's name."""
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return f"{platform.system()} {platform.release()}"
+
+
+def host_libc() -> str:
+    name, version = platform.libc_ver()
+    return f"{name} {version}".strip() or "unknown"
+
+
+def _user_name() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (KeyError, ImportError):
+        return f"uid {os.getuid()}"
+
+
+def gpu_nodes() -> list[str]:
+    found: list[str] = []
+    for pattern in GPU_DEVICES:
+        found += sorted(str(p) for p in Path("/").glob(pattern.lstrip("/")))
+    return found
+
+
+def probe_bwrap(command: str, as_root: bool | None = None) -> Confinement:
+    """Whether `command` (bwrap) can confine a script here: it must run a real sandbox, not only
+    print its version (user namespaces may be off, or AppArmor may refuse them)."""
+    as_root = os.geteuid() == 0 if as_root is None else as_root
+    if command.strip().lower() in ("", "off", "0", "no", "false", "none"):
+        return Confinement(None, problem="turned off (LAB_BWRAP=off)", as_root=as_root)
+    tool = shutil.which(command)
+    if tool is None:
+        return Confinement(None, problem=f"{command} is not installed (Debian/Ubuntu: apt-get install bubblewrap)",
+                           as_root=as_root)
+    if as_root and shutil.which("setpriv") is None:
+        return Confinement(None, problem="setpriv (util-linux) is missing: as root the lab needs it to drop to an "
+                                         "unprivileged user inside the sandbox", as_root=as_root)
+    try:
+        version = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=20).stdout.strip()
+        trial = subprocess.run([tool, *_system_args(), "--unshare-all", "--die-with-parent", "true"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Confinement(None, problem=f"{tool} does not run: {exc}", as_root=as_root)
+    if trial.returncode != 0:
+        why = (trial.stderr.strip().splitlines() or [f"exit {trial.returncode}"])[-1]
+        return Confinement(None, problem=f"{tool} cannot make a sandbox here ({why}); user namespaces may be "
+                                         "disabled", as_root=as_root)
+    return Confinement(tool, version=version.removeprefix("bubblewrap ").strip() or None, as_root=as_root)
+
+
+def _system_args() -> list[str]:
+    args: list[str] = []
+    for top in SYSTEM_DIRS:
+        if os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for top in TOP_LINKS:
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args + ["--proc", "/proc", "--dev", "/dev"]
+
+
+def sandbox_args(*, tool: str, image: LocalImage, out: Path, limits: RunLimits, as_root: bool,
+                 cwd: str = LAB_DIR + "/repro") -> list[str]:
+    """The bwrap command line (up to the command itself) for one run. Pure: tests read it."""
+    args = [tool, *_system_args()]
+    if os.path.isdir("/sys"):
+        args += ["--ro-bind", "/sys", "/sys"]
+    args += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+    made: set[str] = {"/", "/tmp", "/usr", "/etc", "/sys", "/proc", "/dev"}
+    for bind in image.binds:
+        for parent in reversed(Path(bind).parents):  # the folders above a bind: searchable, not the host's own
+            p = str(parent)
+            if p not in made and not any(p == s or p.startswith(s + "/") for s in SYSTEM_DIRS):
+                args += ["--perms", "0755", "--dir", p]
+                made.add(p)
+        args += ["--ro-bind", bind, bind]
+        made.add(bind)
+    if "/lab" not in made:
+        args += ["--perms", "0755", "--dir", LAB_DIR]
+    args += ["--ro-bind", str(image.lab_dir / "repro"), LAB_DIR + "/repro",
+             "--ro-bind", str(image.lab_dir / "tools"), LAB_DIR + "/tools",
+             "--bind", str(out), OUT]
+    if limits.network:
+        for resolv in ("/run/systemd/resolve", "/run/resolvconf"):
+            args += ["--ro-bind-try", resolv, resolv]
+    if image.gpu:
+        for node in gpu_nodes():
+            args += ["--dev-bind", node, node]
+    args += ["--remount-ro", "/", "--chdir", cwd,
+             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+             "--die-with-parent", "--new-session"]
+    if not limits.network:
+        args.append("--unshare-net")
+    if as_root:  # keep only what setpriv needs to become the run user; it drops those too
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                 "--cap-add", "CAP_SETPCAP", "--", "setpriv", "--reuid", str(RUN_UID), "--regid", str(RUN_UID),
+                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    else:
+        args += ["--unshare-user", "--uid", str(RUN_UID), "--gid", str(RUN_UID), "--"]
+    return args
+
+
+def script_env(image: LocalImage, env: dict[str, str], home: str = "/tmp") -> dict[str, str]:
+    """The script's whole environment, as an image's: nothing of the lab's own environment."""
+    path = ":".join([*image.path, "/usr/local/bin", "/usr/bin", "/bin"])
+    base = {"PATH": path, "HOME": home, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "USER": "lab",
+            "LOGNAME": "lab", **dict(image.env)}
+    return {**base, **env}
+
+
+class LocalEngine:
+    """This host, as an engine: the same shape as lab.engine.docker_engine.Engine where the
+    pipeline, the drivers and the cache policy use it."""
+
+    kind = LOCAL
+    url = "local://"
+
+    def __init__(self, options: LocalOptions | None = None, confinement: Confinement | None = None) -> None:
+        self.options = options or LocalOptions()
+        self.name = LOCAL
+        self._confinement = confinement
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    # --- facts ---------------------------------------------------------------
+    @property
+    def confinement(self) -> Confinement:
+        if self._confinement is None:
+            self._confinement = probe_bwrap(self.options.bwrap)
+        return self._confinement
+
+    @property
+    def arch(self) -> Arch:
+        try:
+            return Arch.parse(platform.machine())
+        except ValueError:
+            raise EngineError(f"this host is {platform.machine()}, which the lab does not support "
+                              "(amd64 and arm64 only).") from None
+
+    @property
+    def version(self) -> str:
+        c = self.confinement
+        return f"bubblewrap {c.version}" if c.confined else "unconfined"
+
+    @property
+    def engine_id(self) -> str:
+        return "local-" + hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def info(self) -> dict:
+        return {"Runtimes": {"nvidia": {}} if self.has_gpu_runtime() else {}}
+
+    def has_gpu_runtime(self) -> bool:
+        return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+    def alive(self) -> bool:
+        return True
+
+    # --- before a run ----------------------------------------------------------
+    def check_native(self, arch: Arch, what: str) -> None:
+        if arch != self.arch:
+            raise ForeignArchError(
+                f"the local engine runs only this host's architecture ({self.arch.value}); {what} is {arch.value}.",
+                hint="Run it on a Docker engine: one with QEMU for emulation (`bin/setup-host`), or a native "
+                     f"{arch.value} engine (`--engine NAME`; see `lab engines`). Naming both (`--engine local "
+                     "--engine default`) routes each case to an engine that fits.")
+
+    def check_confinement(self) -> Confinement:
+        c = self.confinement
+        if not c.confined and not self.options.trust_script:
+            raise NotConfinedError(
+                f"the local engine cannot confine the script here: {c.problem}. The script comes from a bug "
+                "report, so without a sandbox it runs only when you say that you trust it.",
+                hint="Install bubblewrap (as root: `apt-get install bubblewrap`, or `bin/setup-host`), or read "
+                     "the script and rerun with --trust-script (the report then says \"not confined\").")
+        return c
+
+    # --- running -------------------------------------------------------------
+    def run(self, image: LocalImage, command: list[str], env: dict[str, str], out_dir: Path, logs_dir: Path,
+            arch: Arch, timeout: float, labels: dict[str, str], events: Events,
+            limits: RunLimits | None = None, reserved: Collection[str] = ()) -> RawRun:
+        """Run `command` (paths as in an image: /lab/tools, /out) confined as the module says;
+        stdout and stderr go to files in `logs_dir`, and what the script left in /out is copied into
+        `out_dir` once every process of the run has ended."""
+        limits = limits or RunLimits()
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        confinement = self.check_confinement()
+        with _staging(confinement) as out:
+            argv, full_env, cwd = self._argv(image, command, env, out, limits, confinement)
+            stdout = StreamFile("stdout", logs_dir / "stdout.txt", limits.stream_bytes)
+            stderr = StreamFile("stderr", logs_dir / "stderr.txt", limits.stream_bytes)
+            started = time.monotonic()
+            proc = self._start(argv, full_env, cwd, limits, gpu=image.gpu, confined=confinement.confined)
+            readers = [_pump(proc.stdout, stdout), _pump(proc.stderr, stderr)]
+            watch = _OutWatch(out, limits.output_bytes, lambda: _kill(proc))
+            watch.start()
+            try:
+                exit_code, timed_out = self._wait(proc, timeout, started, events)
+            finally:
+                watch.stop()
+                _kill(proc)
+                self._forget(proc)
+            duration = time.monotonic() - started
+            for reader in readers:
+                reader.join(30)
+            streams = (stdout.finish(None), stderr.finish(None))
+            stopped_for = None
+            if watch.over is not None:
+                stopped_for = STOPPED_OUT_FULL
+                events("run", f"/out grew past its cap ({format_bytes(limits.output_bytes)}): the run was stopped")
+            outputs = extract_outputs(_tar_chunks(out), out_dir, max_total_bytes=limits.output_bytes,
+                                      max_files=limits.output_files, reserved=reserved)
+        return RawRun(exit_code=exit_code, timed_out=timed_out, oom_killed=False, duration_s=duration,
+                      stdout_path=logs_dir / "stdout.txt", stderr_path=logs_dir / "stderr.txt",
+                      loader_dir=out_dir / "ld", emulated=False, command=tuple(command),
+                      env=tuple(sorted(env.items())), limits=limits, stopped_for=stopped_for,
+                      streams=streams, outputs=outputs)
+
+    def output_of(self, image: LocalImage, command: list[str], arch: Arch, timeout: float,
+                  labels: dict[str, str]) -> tuple[int | None, str]:
+        """Run a short command confined like a run; (exit code, stdout and stderr together)."""
+        with tempfile.TemporaryDirectory(prefix="lab-local-") as tmp:
+            raw = self.run(image, command, {}, Path(tmp) / "out", Path(tmp), arch, timeout, labels,
+                           lambda s, m: None, RunLimits(memory_bytes=None if image.gpu else 8 * 1024**3))
+            text = (raw.stdout_path.read_bytes()[:OUTPUT_OF_BYTES].decode("utf-8", "replace")
+                    + raw.stderr_path.read_bytes()[:OUTPUT_OF_BYTES].decode("utf-8", "replace"))
+        return raw.exit_code, text
+
+    def read_file(self, image: LocalImage, path: str) -> bytes | None:
+        """What a container's file would hold: the freeze, or a file of the venv's site-packages
+        (`torch/version.py`), found in the environment's own site-packages folders."""
+        if path == "/lab/pip-freeze.txt" and image.freeze:
+            return image.freeze.encode()
+        wanted = _IMAGE_SITE_FILE.match(path)
+        if wanted is None:
+            return None
+        for folder in _site_folders(image.python):
+            candidate = Path(folder) / wanted.group(1)
+            if candidate.is_file():
+                with candidate.open("rb") as fh:
+                    return fh.read(_READ_FILE_BYTES)
+        return None
+
+    def _argv(self, image: LocalImage, command: list[str], env: dict[str, str], out: Path, limits: RunLimits,
+              confinement: Confinement) -> tuple[list[str], dict[str, str], str]:
+        """(argv, the environment of the first process, its folder). The script's environment is
+        given through `env -i` inside, so that neither bwrap nor setpriv runs with LD_DEBUG."""
+        command = [image.python if word == "python" and i == 0 else word for i, word in enumerate(command)]
+        if confinement.confined:
+            inner = script_env(image, env)
+            argv = sandbox_args(tool=confinement.tool, image=image, out=out, limits=limits,  # type: ignore[arg-type]
+                                as_root=confinement.as_root)
+            argv += ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in sorted(inner.items())), *command]
+            return argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, "/"
+        # Not confined: the image's paths become the run's own folders.
+        home = out.parent / "home"
+        home.mkdir(exist_ok=True)
+        inner = {k: _translate(v, image, out) for k, v in script_env(image, env, str(home)).items()}
+        return ([_translate(w, image, out) for w in command], inner, str(image.lab_dir / "repro"))
+
+    def _start(self, argv: list[str], env: dict[str, str], cwd: str, limits: RunLimits, *, gpu: bool,
+               confined: bool) -> subprocess.Popen:
+        with self._lock:
+            if self._stopping.is_set():
+                raise EngineError("the lab is stopping (interrupted): no new run is started")
+            try:
+                argv = _prlimit(rlimits(limits, gpu=gpu, confined=confined)) + argv
+                proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+            except OSError as exc:
+                raise EngineError(f"the local engine could not start {argv[0]}: {exc}") from None
+            self._running.add(proc)
+        return proc
+
+    def _forget(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._running.discard(proc)
+
+    def _wait(self, proc: subprocess.Popen, timeout: float, started: float, events: Events) -> tuple[int | None, bool]:
+        last = started
+        while True:
+            left = timeout - (time.monotonic() - started)
+            if left <= 0:
+                events("run", f"timeout after {timeout:.0f} s: stopping the run")
+                _kill(proc)
+                return None, True
+            try:
+                code = proc.wait(timeout=min(_POLL_S, left))
+                return (128 - code if code < 0 else code), False  # killed by a signal: as a shell says it
+            except subprocess.TimeoutExpired:
+                if time.monotonic() - last >= 2:
+                    last = time.monotonic()
+                    events("run", f"{last - started:.0f} s")
+
+    # --- what the drivers and the cache policy call ----------------------------
+    def anchor_shared_layers(self, ref, marker: str = "") -> None:
+        return None
+
+    def remove_image(self, ref) -> bool:
+        return False  # venvs are cache entries: the cache cap evicts them
+
+    def managed_images(self) -> list:
+        return []
+
+    def remove_unused_image(self, image) -> bool:
+        return False
+
+    def image_tags(self, pattern: str) -> list[str]:
+        return []
+
+    def remove_session_containers(self) -> int:
+        """Ctrl-C: end every run this process started here; from then on none starts."""
+        with self._lock:
+            self._stopping.set()
+            running = list(self._running)
+        for proc in running:
+            _kill(proc)
+        return len(running)
+
+    def managed_containers(self) -> list[str]:
+        return []
+
+
+def _translate(word: str, image: LocalImage, out: Path) -> str:
+    for inside, outside in ((OUT, str(out)), (LAB_DIR + "/repro", str(image.lab_dir / "repro")),
+                            (LAB_DIR + "/tools", str(image.lab_dir / "tools"))):
+        if word == inside or word.startswith(inside + "/"):
+            return outside + word[len(inside):]
+    return word
+
+
+@contextlib.contextmanager
+def _staging(confinement: Confinement) -> Iterator[Path]:
+    """A fresh /out for one run, with its sub-folders, owned by the run user; removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="lab-local-"))
+    try:
+        out = root / "out"
+        out.mkdir()
+        for sub in OUT_FOLDERS:
+            (out / sub).mkdir()
+        if confinement.confined and confinement.as_root:
+            for path in (out, *(out / s for s in OUT_FOLDERS)):
+                os.chown(path, RUN_UID, RUN_UID)
+        yield out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def rlimits(limits: RunLimits, *, gpu: bool, confined: bool) -> list[tuple[int, int]]:
+    """What the run's first process sets (inherited by the script): no core dumps, the pids limit
+    (counted per user: meaningful for the run user or a user namespace, so only when confined), and
+    the address space for a CPU case."""
+    found = [(resource.RLIMIT_CORE, 0)]
+    if limits.pids and confined:
+        found.append((resource.RLIMIT_NPROC, limits.pids))
+    if limits.memory_bytes and not gpu:
+        found.append((resource.RLIMIT_AS, limits.memory_bytes))
+    return found
+
+
+def _prlimit(limits: list[tuple[int, int]]) -> list[str]:
+    """`prlimit --core=0 ... --`: set in the child by util-linux's prlimit (no Python runs between
+    fork and exec, which is unsafe in a process with threads)."""
+    names = {resource.RLIMIT_CORE: "core", resource.RLIMIT_NPROC: "nproc", resource.RLIMIT_AS: "as"}
+    tool = shutil.which("prlimit")
+    if tool is None:
+        raise EngineError("prlimit (util-linux) is missing: the local engine sets the run's limits with it.",
+                          hint="Install util-linux (Debian/Ubuntu: apt-get install util-linux).")
+    return [tool, *(f"--{names[r]}={v}" for r, v in limits), "--"]
+
+
+def _pump(stream, capture: StreamFile) -> threading.Thread:
+    def run() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := stream.read1(1 << 16):
+                capture.feed(chunk)
+    thread = threading.Thread(target=run, daemon=True, name=f"lab-local-{capture.name}")
+    thread.start()
+    return thread
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL to the run's process group (bwrap and, through its pid namespace, every process of
+    the script; unconfined, what stayed in the group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, OSError):
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_KILL_GRACE_S)
+
+
+class _OutWatch(threading.Thread):
+    """Every few seconds, the bytes under /out (links not followed); past the cap, the run is killed."""
+
+    def __init__(self, out: Path, cap: int, kill) -> None:
+        super().__init__(daemon=True, name="lab-local-out-watch")
+        self.out, self.cap, self.kill = out, cap, kill
+        self.over: int | None = None
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(_OUT_CHECK_S):
+            used = _tree_bytes(self.out)
+            if used > self.cap:
+                self.over = used
+                self.kill()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+class _Chunks(io.RawIOBase):
+    """A write-only file whose writes become chunks on a bounded queue (a tar streamed to a reader)."""
+
+    def __init__(self, q: queue.Queue, stop: threading.Event) -> None:
+        self.q, self.stop = q, stop
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        data = bytes(b)
+        while not self.stop.is_set():
+            try:
+                self.q.put(data, timeout=0.5)
+                return len(data)
+            except queue.Full:
+                continue
+        raise OSError("the reader stopped")
+
+
+def _tar_chunks(out: Path) -> Iterator[bytes]:
+    """/out as an uncompressed tar stream, written as an engine's archive API would (links, fifos and
+    hard links as tar members, never followed), for lab.core.safetar.extract_outputs. Every process
+    of the run has ended: nothing changes the folder while it is read."""
+    q: queue.Queue = queue.Queue(maxsize=64)
+    stop = threading.Event()
+    done = object()
+    failure: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with tarfile.open(fileobj=_Chunks(q, stop), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(str(out), arcname=".", recursive=True)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            failure.append(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                while not stop.is_set():
+                    try:
+                        q.put(done, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+
+    thread = threading.Thread(target=produce, daemon=True, name="lab-local-tar")
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                break
+            yield item
+        if failure and not isinstance(failure[0], OSError):
+            raise OSError(f"reading /out failed: {failure[0]}")
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+@dataclass(frozen=True)
+class LocalFacts:
+    """What `lab engines` says of the local engine."""
+
+    arch: str
+    cpus: int
+    memory: int | None
+    gpu: bool
+    confinement: Confinement
+    os: str = field(default_factory=host_os)
+    libc: str = field(default_factory=host_libc)
+
+
+def memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+_IMAGE_SITE_FILE = re.compile(r"^/opt/venv/lib/python[0-9.]+/site-packages/([^\0]+)$")
+_READ_FILE_BYTES = 64 * 1024**2
+
+
+@functools.lru_cache(maxsize=32)
+def _site_folders(python: str) -> tuple[str, ...]:
+    """The site-packages folders of an interpreter (its venv's, or its own and the user's)."""
+    code = ("import json, site, sysconfig; p = sysconfig.get_paths(); "
+            "print(json.dumps([p['purelib'], p['platlib'], *site.getsitepackages()]))")
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        return tuple(dict.fromkeys(json.loads(proc.stdout.strip().splitlines()[-1])))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return ()

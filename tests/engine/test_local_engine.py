@@ -1,0 +1,142 @@
+"""The local engine's pure parts: the sandbox's command line, the script's environment, the paths of
+an unconfined run, the torch match of `--python-env current`, the refusals and the routing. The real
+runs are in tests/test_e2e_local.py and tests/test_attacks_local.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lab.build.localenv import missing_system_packages, torch_matches
+from lab.core.records import LocalImage, RunLimits
+from lab.engine.engines import EngineFacts, parse_spec
+from lab.engine.local_engine import (
+    RUN_UID,
+    Confinement,
+    ForeignArchError,
+    LocalEngine,
+    LocalOptions,
+    NotConfinedError,
+    _translate,
+    probe_bwrap,
+    rlimits,
+    sandbox_args,
+    script_env,
+)
+from lab.engine.routing import NoEngineError, routes
+from lab.scenario.schema import Arch
+
+IMAGE = LocalImage(python="/cache/venv/k/bin/python", binds=("/home/u/.pyenv/versions/3.11.7", "/cache/venv/k"),
+                   path=("/cache/venv/k/bin",), lab_dir=Path("/runs/r"), env=(("VIRTUAL_ENV", "/cache/venv/k"),))
+
+
+def _pairs(args: list[str], flag: str) -> list[tuple[str, str]]:
+    return [(args[i + 1], args[i + 2]) for i, a in enumerate(args) if a == flag]
+
+
+def test_the_sandbox_binds_the_system_read_only_and_only_out_writable():
+    args = sandbox_args(tool="bwrap", image=IMAGE, out=Path("/stage/out"), limits=RunLimits(), as_root=True)
+    assert ("/usr", "/usr") in _pairs(args, "--ro-bind") and ("/etc", "/etc") in _pairs(args, "--ro-bind")
+    assert _pairs(args, "--bind") == [("/stage/out", "/out")]  # the only writable bind
+    ro = dict(_pairs(args, "--ro-bind"))
+    assert ro["/runs/r/repro"] == "/lab/repro" and ro["/runs/r/tools"] == "/lab/tools"
+    assert ro["/cache/venv/k"] == "/cache/venv/k" and ro["/home/u/.pyenv/versions/3.11.7"].startswith("/home/u")
+    assert not any(src in ("/", "/home", "/root", "/var", "/run") for src, _ in _pairs(args, "--ro-bind"))
+    assert "--unshare-net" in args and "--unshare-pid" in args and "--die-with-parent" in args
+    assert args[args.index("--remount-ro") + 1] == "/"
+    tmp = args.index("--tmpfs")
+    assert args[tmp + 1] == "/tmp" and args[tmp - 2:tmp] == ["--perms", "1777"]
+    # the folders above a bind are made searchable in the sandbox (the host's /home/u may be 0700)
+    assert args[args.index("/home/u") - 3:args.index("/home/u") + 1] == ["--perms", "0755", "--dir", "/home/u"]
+    # as root: setpriv drops to the run user inside, with nothing left
+    tail = args[args.index("setpriv"):]
+    assert tail[:5] == ["setpriv", "--reuid", str(RUN_UID), "--regid", str(RUN_UID)]
+    assert "--no-new-privs" in tail and "--bounding-set=-all" in tail and tail[-1] == "--"
+
+
+def test_network_only_when_allowed_and_gpu_nodes_only_for_gpu_cases(monkeypatch):
+    monkeypatch.setattr("lab.engine.local_engine.gpu_nodes", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])
+    args = sandbox_args(tool="bwrap", image=IMAGE, out=Path("/o"), limits=RunLimits(network=True), as_root=False)
+    assert "--unshare-net" not in args
+    assert not _pairs(args, "--dev-bind")
+    assert args[-6:] == ["--unshare-user", "--uid", str(RUN_UID), "--gid", str(RUN_UID), "--"]
+    gpu = replace(IMAGE, gpu=True)
+    args = sandbox_args(tool="bwrap", image=gpu, out=Path("/o"), limits=RunLimits(), as_root=False)
+    assert _pairs(args, "--dev-bind") == [("/dev/nvidia0", "/dev/nvidia0"), ("/dev/nvidiactl", "/dev/nvidiactl")]
+
+
+def test_the_script_gets_an_images_environment_not_the_labs(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    env = script_env(IMAGE, {"OMP_NUM_THREADS": "2", "LD_DEBUG": "libs,files"})
+    assert env["PATH"].startswith("/cache/venv/k/bin:") and env["HOME"] == "/tmp"
+    assert env["VIRTUAL_ENV"] == "/cache/venv/k" and env["OMP_NUM_THREADS"] == "2"
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_an_unconfined_run_maps_the_image_paths_to_its_folders():
+    out = Path("/stage/out")
+    assert _translate("/out/ld/ld", IMAGE, out) == "/stage/out/ld/ld"
+    assert _translate("/lab/tools/lab_run.py", IMAGE, out) == "/runs/r/tools/lab_run.py"
+    assert _translate("/outside", IMAGE, out) == "/outside" and _translate("x.py", IMAGE, out) == "x.py"
+
+
+def test_limits_the_address_space_only_for_cpu_cases_and_pids_only_when_confined():
+    import resource
+    cpu = dict(rlimits(RunLimits(), gpu=False, confined=True))
+    assert cpu[resource.RLIMIT_CORE] == 0 and cpu[resource.RLIMIT_NPROC] == 4096
+    assert cpu[resource.RLIMIT_AS] == 8 * 1024**3
+    assert resource.RLIMIT_AS not in dict(rlimits(RunLimits(), gpu=True, confined=True))
+    assert resource.RLIMIT_NPROC not in dict(rlimits(RunLimits(), gpu=False, confined=False))
+
+
+def test_without_bwrap_it_refuses_unless_the_script_is_trusted():
+    off = probe_bwrap("off")
+    assert not off.confined and "LAB_BWRAP=off" in off.problem
+    missing = probe_bwrap("/nonexistent/bwrap-for-tests")
+    assert not missing.confined and "is not installed" in missing.problem
+    with pytest.raises(NotConfinedError, match="cannot confine the script here") as err:
+        LocalEngine(LocalOptions(bwrap="off"), confinement=off).check_confinement()
+    assert "--trust-script" in err.value.hint
+    trusted = LocalEngine(LocalOptions(bwrap="off", trust_script=True), confinement=off)
+    assert trusted.check_confinement() is off
+    assert off.words(network=False).startswith("not confined (--trust-script)")
+    assert trusted.version == "unconfined"
+
+
+def test_another_arch_is_refused_with_a_pointer_to_docker_engines():
+    engine = LocalEngine(confinement=Confinement("bwrap", "0.8.0"))
+    other = Arch.ARM64 if engine.arch == Arch.AMD64 else Arch.AMD64
+    with pytest.raises(ForeignArchError, match="runs only this host's architecture") as err:
+        engine.check_native(other, "case[x]")
+    assert "Docker engine" in err.value.hint and "QEMU" in err.value.hint
+    engine.check_native(engine.arch, "case[x]")
+
+
+def test_local_is_an_engine_name_and_routing_sends_other_arches_elsewhere():
+    spec = parse_spec("local", "--engine")
+    assert (spec.kind, spec.url) == ("local", "local://")
+    local = EngineFacts("local", "local://", "--engine", reachable=True, arch="amd64", cpus=2, memory=8 << 30,
+                        gpu=False, emulates=(), local=True, kind="local")
+    docker = EngineFacts("default", "unix:///x", "current", reachable=True, arch="amd64", cpus=2,
+                         memory=8 << 30, gpu=False, emulates=("arm64",), local=True)
+    with pytest.raises(NoEngineError, match="runs only this host's amd64, without emulation"):
+        routes("arm64", False, [local])
+    assert [r.engine for r in routes("arm64", False, [local, docker])] == ["default"]
+    assert [r.engine for r in routes("amd64", False, [local, docker])] == ["local", "default"]
+    assert local.as_json()["kind"] == "local"
+
+
+def test_torch_of_the_current_interpreter_matches_as_pip_would():
+    assert torch_matches("2.13.0+cpu", "2.13.0")
+    assert torch_matches("2.13.0+cpu", "2.13.0+cpu")
+    assert not torch_matches("2.13.0+cu128", "2.13.0+cpu")
+    assert not torch_matches("2.12.0", "2.13.0")
+
+
+def test_missing_system_packages_are_named():
+    missing, note = missing_system_packages(["dpkg", "lab-absent-package-for-tests"])
+    if note is not None:
+        pytest.skip(note)
+    assert missing == ["lab-absent-package-for-tests"]

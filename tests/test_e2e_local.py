@@ -1,0 +1,261 @@
+"""The local engine for real, through the `lab` CLI, on this host: uv venvs, bubblewrap (bin/setup-host
+installs it), the in-image runner, verdicts, a bisection.
+
+The small native CPU case is torch '2.13.0+cpu' for cp311 x86_64 (the host's find-links folder: 190 MB,
+no CUDA wheels), the same as the Docker attack tests'. The bisection is compile-py311 across 2.0.0,
+2.0.1 and 2.1.0 (PyPI's CUDA builds: their wheels come once into uv's cache, then each probe's venv
+takes seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import last_json, run_lab
+
+pytestmark = [pytest.mark.local, pytest.mark.timeout(3600)]
+
+needs_amd64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="the small CPU case is an x86_64 wheel")
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap (run bin/setup-host)")
+
+HEADER = ("torch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\nsystem_packages: [g++, python3-dev]\n"
+          "pip: [numpy]\n")
+
+
+def scenario(tmp_path: Path, name: str, script: str, extra: str = "", header: str = HEADER) -> Path:
+    folder = tmp_path / "scenario"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(script)
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\n{header}script: {name}.py\n{extra}")
+    return path
+
+
+def lab_local(tmp_path: Path, path: Path, *args: str, env: dict | None = None):
+    return run_lab("run", str(path), "--engine", "local", "--out", str(tmp_path / "runs"), "--json",
+                   "--no-diagnose", *args, env=env)
+
+
+CONFINED = """
+import os, socket, sys, torch
+print("torch", torch.__version__, "ids", os.getuid(), os.getgid(), flush=True)
+canary = os.environ["CANARY"]
+for path in (canary + "/written.txt", "/x", "/etc/x", "/usr/x", sys.prefix + "/x", "/lab/repro/x", "/root/x",
+             "/home/x", "/var/x", "/tmp/x", "/out/x"):
+    try:
+        with open(path, "w") as fh:
+            fh.write("1")
+        print("write ok", path)
+    except OSError as exc:
+        print("write refused", path, type(exc).__name__, exc.errno)
+print("canary visible", os.path.exists(canary))
+host, port = os.environ["ATTACK_HOST"], int(os.environ["ATTACK_PORT"])
+try:
+    socket.create_connection((host, port), timeout=5)
+    print("connect: reached the host")
+except OSError as exc:
+    print(f"connect: {type(exc).__name__} errno={exc.errno}")
+try:
+    socket.getaddrinfo("pypi.org", 443)
+    print("dns: resolved")
+except OSError as exc:
+    print(f"dns: {type(exc).__name__}")
+for sock in ("/var/run/docker.sock", "/run/docker.sock"):
+    print("socket", sock, os.path.exists(sock))
+print("done")
+"""
+
+
+class _Listener(threading.Thread):
+    """A TCP server on every host address: it counts the connections that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_server(("0.0.0.0", 0))
+        self.sock.settimeout(0.5)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.accepted += 1
+                conn.close()
+            except OSError:
+                continue
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(5)
+        self.sock.close()
+
+
+def _host_address() -> str:
+    """An address of this host other than loopback (the sandbox has only its own lo)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this picks the outgoing interface
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+@needs_amd64
+@needs_bwrap
+def test_a_confined_run_writes_only_its_out_folder_and_reaches_no_network(tmp_path):
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "secret.txt").write_text("host-secret\n")
+    listener = _Listener()
+    listener.start()
+    env = {"CANARY": str(canary), "ATTACK_HOST": _host_address(), "ATTACK_PORT": str(listener.port)}
+    path = scenario(tmp_path, "local-confined", CONFINED,
+                    f"env: {json.dumps(env)}\ntimeout: 600\nexpect:\n  stdout_contains: done\n")
+    try:
+        proc = lab_local(tmp_path, path)
+    finally:
+        listener.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    run_dir = Path(result["run_dir"])
+    stdout = (run_dir / "stdout.txt").read_text()
+    assert result["verdict"] == "reproduced", stdout
+    assert "torch 2.13.0+cpu ids 10001 10001" in stdout
+    # nothing outside the run's /out is writable: the host's folders are read-only or absent
+    assert f"write refused {canary}/written.txt" in stdout and not (canary / "written.txt").exists()
+    assert "canary visible False" in stdout  # the host's /tmp is not the sandbox's
+    for where in ("/x", "/etc/x", "/usr/x", "/lab/repro/x", "/root/x"):
+        assert f"write refused {where} OSError 30" in stdout, where  # EROFS
+    for where in ("/home/x", "/var/x"):  # not even there: the host's /home and /var are not in the sandbox
+        assert f"write refused {where} FileNotFoundError 2" in stdout, where
+    assert "write refused " + result["local"]["environment"] + "/x OSError 30" in stdout  # the venv
+    assert "write ok /tmp/x" in stdout and "write ok /out/x" in stdout
+    assert (run_dir / "out" / "x").read_text() == "1"
+    # no network: no route to the host, no DNS, and the listener saw nothing
+    assert "connect: OSError errno=101" in stdout and "dns: gaierror" in stdout
+    assert listener.accepted == 0
+    assert "socket /var/run/docker.sock False" in stdout and "socket /run/docker.sock False" in stdout
+    # the records say where it ran
+    assert result["engine"]["kind"] == "local" and result["engine"]["name"] == "local"
+    assert result["engine"]["version"].startswith("bubblewrap ")
+    local = result["local"]
+    assert local["confined"] and local["python_env"] == "venv" and "no network" in local["confinement"]
+    assert local["libc"].startswith("glibc ") and local["os"]
+    assert local["system_packages"].startswith("from the host, not the scenario's base image debian:bookworm")
+    assert result["emulated"] is False and result["base"] is None
+    report = (run_dir / "report.md").read_text()
+    assert "- Engine: local (this host, no container; bubblewrap" in report
+    assert "- Host: " in report and "- System packages: from the host" in report
+    assert "--engine local" in report  # the rerun command
+    assert json.loads((run_dir / "result.json").read_text())["local"]["confined"] is True
+    assert (run_dir / "pip-freeze.txt").read_text().count("torch==2.13.0+cpu") == 1
+    assert "PyTorch version: 2.13.0+cpu" in (run_dir / "collect_env.txt").read_text()
+    assert list((run_dir / "out" / "ld").iterdir()), "LD_DEBUG wrote the loader logs into /out/ld"
+
+
+@needs_amd64
+def test_the_current_interpreter_runs_when_its_torch_matches_and_says_why_not_otherwise(tmp_path):
+    path = scenario(tmp_path, "local-current", "import sys, torch\nprint('torch', torch.__version__, sys.executable)\n",
+                    "timeout: 300\nexpect:\n  stdout_contains: 'torch 2.13.0+cpu'\n")
+    # a Python that has torch 2.13.0+cpu: the venv the lab made for this case
+    first = lab_local(tmp_path, path, "--trust-script")
+    assert first.returncode == 0, first.stderr[-3000:]
+    venv = last_json(first.stdout)["local"]["environment"]
+    python = f"{venv}/bin/python"
+
+    proc = lab_local(tmp_path, path, "--python-env", "current", env={"LAB_LOCAL_PYTHON": python})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["verdict"] == "reproduced", result["reason"]
+    assert result["local"]["python_env"] == "current" and result["local"]["environment"] == python
+    assert python in (Path(result["run_dir"]) / "stdout.txt").read_text()
+    assert "--python-env current" in (Path(result["run_dir"]) / "report.md").read_text()
+
+    other = lab_local(tmp_path, path, "--python-env", "current", "--torch", "2.12.0",
+                      env={"LAB_LOCAL_PYTHON": python})
+    assert other.returncode != 0
+    text = " ".join(other.stderr.split())
+    assert "has torch 2.13.0+cpu" in text and "wants torch 2.12.0" in text, text
+    assert "--torch 2.13.0+cpu" in text  # how to run what is there
+    assert "Traceback" not in other.stderr
+
+    none = lab_local(tmp_path, path, "--python-env", "current")  # the lab's own Python: no torch
+    assert none.returncode != 0 and "has no torch installed" in " ".join(none.stderr.split()), none.stderr[-2000:]
+
+
+@needs_amd64
+def test_a_missing_system_package_is_named_and_never_installed(tmp_path):
+    header = HEADER.replace("[g++, python3-dev]", "[g++, lab-absent-package]")
+    path = scenario(tmp_path, "local-missing", "print('never runs')\n", "expect:\n  exit_code: 0\n", header)
+    proc = lab_local(tmp_path, path)
+    assert proc.returncode != 0
+    text = " ".join(proc.stderr.split())
+    assert "needs system packages that this host does not have: lab-absent-package" in text
+    assert "never installs any" in text and "apt-get install lab-absent-package" in text
+    assert "Traceback" not in proc.stderr
+    folder = tmp_path / "runs" / "local-missing"
+    assert not folder.exists() or not any(folder.iterdir())  # refused before anything was made
+
+
+@needs_amd64
+def test_without_bwrap_it_runs_only_a_trusted_script_and_says_not_confined(tmp_path):
+    script = "import os\nprint('uid', os.getuid(), 'out', os.path.isdir('/out'))\n"
+    path = scenario(tmp_path, "local-unconfined", script, "timeout: 300\nexpect:\n  stdout_contains: uid\n")
+    refused = lab_local(tmp_path, path, env={"LAB_BWRAP": "off"})
+    assert refused.returncode != 0
+    assert "cannot confine the script here" in refused.stderr and "--trust-script" in refused.stderr
+    proc = lab_local(tmp_path, path, "--trust-script", env={"LAB_BWRAP": "off"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["verdict"] == "reproduced" and result["local"]["confined"] is False
+    assert result["engine"]["version"] == "unconfined"
+    assert "not confined" in (Path(result["run_dir"]) / "report.md").read_text()
+    assert "NOT CONFINED" in proc.stderr
+
+
+def test_another_arch_is_refused_with_a_pointer_to_docker_engines(tmp_path):
+    arch = "arm64" if platform.machine() == "x86_64" else "amd64"
+    path = scenario(tmp_path, "local-foreign", "print(1)\n", "expect:\n  exit_code: 0\n",
+                    HEADER.replace("arch: amd64", f"arch: {arch}").replace("2.13.0+cpu", "2.5.1"))
+    proc = lab_local(tmp_path, path)
+    assert proc.returncode != 0
+    text = " ".join(proc.stderr.split())
+    assert "runs only this host's" in text and "without emulation" in text, text
+    assert "Docker" in text
+
+
+def test_lab_engines_lists_local():
+    proc = run_lab("engines", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    local = [e for e in last_json(proc.stdout)["engines"] if e["name"] == "local"]
+    assert local and local[0]["kind"] == "local" and local[0]["emulates"] == []
+    assert local[0]["arch"] in ("amd64", "arm64") and local[0]["confinement"]
+
+
+@needs_amd64
+@needs_bwrap
+def test_a_bisection_on_the_local_engine_across_three_releases(tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_lab("bisect", "compile-py311", "--from", "2.0.0", "--to", "2.1.0", "--engine", "local",
+                   "--out", str(runs), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["status"] == "found", result
+    assert (result["last_old"], result["first_new"]) == ("2.0.1", "2.1.0")
+    steps = {s["torch"]: s["verdict"] for s in result["steps"]}
+    assert steps == {"2.0.0": "reproduced", "2.1.0": "not_reproduced", "2.0.1": "reproduced"}
+    assert {s["engine"] for s in result["steps"]} == {"local"}
+    assert "--engine local" in result["resume"]
+    probe = json.loads((Path(result["folder"]) / "torch2.0.1" / "result.json").read_text())
+    assert probe["engine"]["kind"] == "local" and probe["local"]["confined"]
+    assert "Python 3.11+ not yet supported for torch.compile" in (
+        Path(result["folder"]) / "torch2.0.1" / "stderr.txt").read_text()
