@@ -78,12 +78,12 @@ def test_collect_env_is_asked_once_per_engine_and_image(tmp_path, monkeypatch):
     from lab import pipeline
 
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
-    engine, image = _Engine(), SimpleNamespace(tag="t", image_id="sha256:abc")
+    engine, image = _Engine(), SimpleNamespace(tag="t", ref="t", image_id="sha256:abc")
     seen = []
     first = pipeline._collect_env(engine, image, case(), lambda stage, text: seen.append(text))
     again = pipeline._collect_env(engine, image, case(), lambda stage, text: seen.append(text))
     assert first == again == "PyTorch version: 2.13.0+cpu\n" and engine.calls == 1
     assert "kept from an earlier run" in seen[-1]
-    other = SimpleNamespace(tag="t", image_id="sha256:def")
+    other = SimpleNamespace(tag="t", ref="t", image_id="sha256:def")
     pipeline._collect_env(engine, other, case(), lambda *a: None)
     assert engine.calls == 2
