@@ -14,7 +14,7 @@ from lab.core.records import STOPPED_OUT_FULL
 from lab.core.results import Check, Judgement, Verdict
 from lab.scenario.schema import Expect
 
-__all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge"]
+__all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge", "normalize_ws"]
 
 _BROKEN_ENV = ("No module named 'torch'", "libtorch", "GLIBC_")
 
@@ -64,6 +64,11 @@ def _broken_environment(ev: Evidence) -> str | None:
     return None
 
 
+def normalize_ws(text: str) -> str:
+    """Every run of whitespace as one space: output pasted into a page rarely keeps torch's padding."""
+    return " ".join(text.split())
+
+
 def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics):
     if expect.duplicate_runtime is not None:
         dups = [d for d in ev.duplicate_runtimes if d.family == expect.duplicate_runtime]
@@ -81,6 +86,10 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
         held = expect.stdout_contains in stdout
         yield _check("stdout_contains", repr(expect.stdout_contains),
                     "found" if held else "not found", held)
+    if expect.stdout_contains_normalized is not None:
+        wanted = normalize_ws(expect.stdout_contains_normalized)
+        held = wanted in normalize_ws(stdout)
+        yield _check("stdout_contains_normalized", repr(wanted), "found" if held else "not found", held)
     if expect.stderr_contains is not None:
         held = expect.stderr_contains in stderr
         yield _check("stderr_contains", repr(expect.stderr_contains),
