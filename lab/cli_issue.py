@@ -12,12 +12,12 @@ import typer
 from rich.markup import escape
 
 from lab.cli import (
+    _COLOURS,
     EngineOpt,
     JobsOpt,
     JsonOpt,
     OutOpt,
     Progress,
-    _COLOURS,
     _engine_for,
     _fail,
     _fleet,

@@ -26,7 +26,7 @@ TIMEOUT_S = 30.0
 MAX_PAGE_BYTES = 4 << 20
 MAX_COMMENTS = 100
 _ISSUE_URL = re.compile(r"https?://github\.com/([\w.-]+)/([\w.-]+)/(?:issues|pull)/(\d+)/?(?:[#?].*)?")
-_DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
+_DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)(?!\d)")
 
 
 class IssueError(LabError):
@@ -117,7 +117,7 @@ _FRONT = re.compile(r"\A---\n(.*?)\n---\n", re.S)
 def page_from_text(text: str, *, source: str) -> IssuePage:
     """A page saved as Markdown: an optional front matter (url, title, created_at, state), the first
     `# ` heading as title, the first ISO date as the issue's date, an issue URL or `issue #N` line."""
-    text = text.replace("\r\n", "\n")
+    text = re.sub(r"<!--.*?-->", "", text.replace("\r\n", "\n"))  # not rendered on the page either
     meta: dict[str, str] = {}
     front = _FRONT.match(text)
     if front:

@@ -156,7 +156,15 @@ def _undefined(code: str) -> set[str]:
 
 
 def _merge_definitions(code: str, chosen: Block, found: list[Block], fixups: list[str]) -> str:
-    """Names the block uses but another Python block of the page defines: that block goes first."""
+    """Names the block uses but another Python block of the page defines: that block goes first. A
+    later block that uses what this one defines (a class, then "test with") goes after it."""
+    defined = _defined(ast.parse(code))
+    users = [b for b in found if b.index > chosen.index and b.kind in (Kind.SCRIPT, Kind.PYTHON)
+             and (_undefined(b.code) & defined)]
+    for b in users:
+        fixups.append(f"script: appended code block {b.index + 1} (line {b.line}), which uses what block "
+                      f"{chosen.index + 1} defines ({', '.join(sorted(_undefined(b.code) & defined))[:80]})")
+        code = code + "\n\n" + b.code
     missing = _undefined(code) - set(_IMPORT_FIXES)
     if not missing:
         return code
@@ -173,7 +181,7 @@ def _merge_definitions(code: str, chosen: Block, found: list[Block], fixups: lis
     for b in parts:
         fixups.append(f"script: put code block {b.index + 1} (line {b.line}) first, for what it defines "
                       f"({', '.join(sorted(_defined(ast.parse(b.code)) & _undefined(code)))[:80]})")
-    ordered = sorted([*parts, chosen], key=lambda b: b.index)
+    ordered = sorted([*parts, chosen], key=lambda b: b.index)  # noqa: F841 (kept below)
     return "\n\n".join(b.code if b is not chosen else code for b in ordered)
 
 
@@ -211,6 +219,7 @@ _TORCH_PATTERNS = (
     ("torch==", re.compile(r"\btorch\s*==\s*" + _V)),
     ("PyTorch Version", re.compile(r"(?i)\b(?:py)?torch\s+version\s*(?:\(e\.g\., 1\.0\))?\s*[:=-]\s*v?" + _V)),
     ("torch.__version__ output", re.compile(r"^\s*(?:torch(?: version)?:\s*)?" + _V + r"\s*$")),
+    ("a version line", re.compile(r"^\s*(\d+\.\d+\.\d+(?:a0\+git\w+|\.dev\d+(?:\+\w+)?|\+\w+))\s*$")),
 )
 
 
@@ -220,6 +229,10 @@ def _torch(page, lines, found, script, facts, fixups) -> str:
         current = releases.on_date(page.created)
         if current:
             raw, how = current, f"no version on the page: the release current on the issue's date, {page.created}"
+        else:
+            raw = releases.RELEASES[0][0]
+            how = (f"no version on the page, and the issue ({page.created}) predates the oldest release with "
+                   f"wheels for Python {CPU_PYTHON}: {raw}")
     if raw is None:
         raw = releases.newest()
         facts.append(Fact("torch", raw, None, "not found on the page (no Versions, no date): the newest release",
@@ -302,7 +315,7 @@ def _python(lines: list[str], facts: list[Fact]) -> str | None:
     return None
 
 
-_CUDA = re.compile(r"""\.cuda\(|\.to\(\s*['"]cuda|device\s*=\s*['"]cuda|['"]cuda(?::\d+)?['"]|torch\.cuda\.(?!is_available)""")
+_CUDA = re.compile(r"""torch\.device\(\s*['"]cuda|\.cuda\(|\.to\(\s*['"]cuda|device\s*=\s*['"]cuda|['"]cuda(?::\d+)?['"]|torch\.cuda\.(?!is_available)""")
 
 
 def _cuda(script: str, chosen: Block, facts: list[Fact]) -> tuple[bool, bool]:
@@ -402,7 +415,7 @@ def _imports(script: str) -> set[str]:
 
 # ----------------------------------------------------------------------------- the expectation
 
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Warning|Exit|Interrupt|Unsupported|Failed|"
+_EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Warning|Exit|Interrupt|Unsupported|Failed|"
                        r"Exception\w*))(?::\s?(.*))?$")
 _SIGNALS = ((re.compile(r"(?i)segmentation fault|SIGSEGV|segfault"), 139, "a segmentation fault"),
             (re.compile(r"(?i)floating point exception|SIGFPE"), 136, "a floating point exception (SIGFPE)"),
@@ -424,6 +437,11 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str,
             fixups.append(f"env: PYTHONWARNINGS={action}, because the page's error is a {kind} raised as an "
                           "exception (the page ran with warnings turned into errors)")
         return {"traceback_contains": text}
+    named = _title_or_comment_exception(page, chosen)
+    if named:
+        text, line, how = named
+        facts.append(Fact("expect", f"traceback_contains: {text!r}", line, how))
+        return {"traceback_contains": text}
     crash = _crash(found, chosen, page)
     if crash:
         code, words, line = crash
@@ -435,6 +453,17 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str,
         facts.append(Fact("expect", f"stdout_contains_normalized: {text!r}", line,
                           "the page's printed output, compared with whitespace normalized"))
         return {"stdout_contains_normalized": text}
+    said = _comment_output(chosen)
+    if said:
+        text, line = said
+        facts.append(Fact("expect", f"stdout_contains_normalized: {text!r}", line,
+                          "the output the script's comment says it printed"))
+        return {"stdout_contains_normalized": text}
+    warned = _page_warning(found, lines)
+    if warned:
+        text, line = warned
+        facts.append(Fact("expect", f"stderr_contains: {text!r}", line, "the warning the page's log shows"))
+        return {"stderr_contains": text}
     own = _script_check(script)
     if own:
         facts.append(Fact("expect", f"traceback_contains: {own!r}", chosen.line, "the script's own check"))
@@ -453,6 +482,54 @@ def _page_exception(lines: list[str], found: list[Block]) -> tuple[str, int] | N
         hit = _exception_in(lines, start, end)
         if hit:
             return hit
+    for b in found:  # a pasted tail of a traceback: `    raise ValueError(...)` then `ValueError: ...`
+        if b.kind in (Kind.OUTPUT, Kind.TRACEBACK):
+            for k, text in reversed(list(enumerate(b.text.splitlines()))):
+                m = _EXC_LINE.match(text.strip()) if text and not text.startswith((" ", "\t")) else None
+                if m and re.search(r"Error|Exception|Unsupported|exc\.", m.group(1)):
+                    return _stable(m.group(1), m.group(2) or "", b.text.splitlines(), k), b.line + k
+    return None
+
+
+def _title_or_comment_exception(page: IssuePage, chosen: Block) -> tuple[str, int | None, str] | None:
+    """An exception named in the script's comments (`# raises Unsupported: ...`) or in the title
+    (`CppCompileError: C++ compile error`)."""
+    for k, text in enumerate(chosen.code.splitlines()):
+        if "#" not in text:
+            continue
+        comment = text.split("#", 1)[1].strip()
+        comment = re.sub(r"^(?:raises|error|fails with|gives)[:\s]+", "", comment, flags=re.I)
+        m = _EXC_LINE.match(comment)
+        if m and m.group(2) and re.search(r"Error|Exception|Unsupported", m.group(1)):
+            return _stable(m.group(1), m.group(2), [], 0), chosen.line + k, "an exception named in the script's comments"
+    if page.title:
+        m = re.search(r"`?([A-Za-z_][\w.]*(?:Error|Exception|Unsupported))(?::\s*([^`]+))?`?", page.title)
+        if m and m.group(2):
+            return _stable(m.group(1), m.group(2).strip(), [], 0), None, "the exception the title names"
+    return None
+
+
+_COMMENT_OUTPUT = re.compile(r"#\s*(?:got|gets|returns|outputs?|prints)[:\s]+(.+?)"
+                             r"(?:,?\s*(?:but|it should|should|expected|instead)\b.*)?$", re.I)
+
+
+def _comment_output(chosen: Block) -> tuple[str, int] | None:
+    """Output written as a comment of the script: `print(b)  # got tensor(28.), it should be 36`."""
+    for k, text in enumerate(chosen.code.splitlines()):
+        m = _COMMENT_OUTPUT.search(text)
+        if m and len(m.group(1).strip().rstrip(",.;")) >= 3:
+            return " ".join(m.group(1).strip().rstrip(",;").split()), chosen.line + k
+    return None
+
+
+def _page_warning(found: list[Block], lines: list[str]) -> tuple[str, int] | None:
+    """A warning the page's log shows (`[WARNING] ...`, `UserWarning: ...`), for stderr."""
+    for i, text in enumerate(lines):
+        m = re.search(r"\[WARNING\]\s*(.+)$|\b(\w*Warning): (.+)$", text)
+        if m:
+            message = m.group(1) or f"{m.group(2)}: {m.group(3)}"
+            message = re.split(r"0x[0-9a-fA-F]{6,}|<bound method", message)[0].strip() or message
+            return message[:100].strip(), i + 1
     return None
 
 
@@ -511,6 +588,9 @@ def _page_output(found: list[Block], chosen: Block, script: str):
             continue
         if re.search(r"(?i)expect", b.label):
             continue  # what should be printed, not what was
+        if b.info in ("cpp", "c", "c++", "diff", "json", "yaml", "cuda") or re.search(r"^\s*(import|from) \w", b.text, re.M) \
+                or "Traceback" in b.text:
+            continue  # code, or a traceback cut short: not printed output
         body = [ln.strip() for ln in b.text.splitlines() if ln.strip()]
         candidates = [ln for ln in body if not (random and _FLOAT.search(ln))]
         if not candidates:

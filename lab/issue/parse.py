@@ -103,10 +103,12 @@ def classify(text: str, info: str = "") -> tuple[Kind, str, bool]:
                                                           for ln in lines):
         return Kind.SHELL, "", False
     if _parses(code):
+        if _is_output_like(stripped) and all(isinstance(n, ast.Expr) for n in ast.parse(code).body):
+            return Kind.OUTPUT, "", False
         if _looks_like_script(code):
             return Kind.SCRIPT, code, prompts
-        if _is_output_like(stripped):
-            return Kind.OUTPUT, "", False
+        if _is_output_like(stripped) or not _codeish(code):
+            return Kind.OUTPUT, "", False  # `eager = 31` parses too
         return Kind.PYTHON, code, prompts
     return Kind.OUTPUT, "", False
 
@@ -149,6 +151,13 @@ def _looks_like_script(code: str) -> bool:
         return False  # `tensor([1., 2.])` printed output also parses
     return mentions_torch and (has_import or calls >= 1 or any(isinstance(s, (ast.FunctionDef, ast.ClassDef))
                                                                for s in top))
+
+
+def _codeish(code: str) -> bool:
+    """Python that does something: mentions torch, defines, imports or calls."""
+    tree = ast.parse(code)
+    return "torch" in code or any(isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Call))
+                                  for n in ast.walk(tree))
 
 
 def _is_output_like(text: str) -> bool:

@@ -59,11 +59,11 @@ def normalize(text: str) -> tuple[str, str | None]:
         if prior is None:
             return RELEASES[0][0], f"{text} is {kind}; no release before it in the table"
         return prior, f"{text} is {kind} of {public.base_version}: the release before it"
-    if public in known:
-        return known[public], (f"{text} without its local label" if v.local else None)
     same_minor = [r for r, _ in RELEASES if Version(r).release[:2] == public.release[:2]]
     if len(public.release) == 2 and same_minor:
         return same_minor[-1], f"{text} names no patch release: its newest, {same_minor[-1]}"
+    if public in known:
+        return known[public], (f"{text} without its local label" if v.local else None)
     if public > Version(newest()):
         return newest(), f"{text} is newer than the releases the lab knows: the newest, {newest()}"
     older = [r for r, _ in RELEASES if Version(r) <= public]
