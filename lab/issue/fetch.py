@@ -71,7 +71,8 @@ def fetch_issue(source: str, *, token: str | None = None, api_base: str | None =
         return page_from_api(issue, comments, source=source)
     if source.startswith(("http://", "https://")):
         raise IssueError(f"{source!r} is not a GitHub issue URL.",
-                         hint="Give https://github.com/OWNER/REPO/issues/N, or save the page to a file and pass its path.")
+                         hint="Give https://github.com/OWNER/REPO/issues/N, or save the page to a file and "
+                              "pass its path.")
     path = Path(source).expanduser()
     if not path.is_file():
         raise IssueError(f"{source}: no such file.", hint="Give an issue URL, or the path of the page saved as "

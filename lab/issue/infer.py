@@ -203,7 +203,8 @@ def _fix_imports(code: str, fixups: list[str]) -> str:
     if not missing:
         return code
     lines = [_IMPORT_FIXES[n] for n in missing]
-    if any(n in missing for n in ("nn", "F")) and "torch" not in missing and not re.search(r"^import torch\b", code, re.M):
+    has_torch = re.search(r"^import torch\b", code, re.M)
+    if any(n in missing for n in ("nn", "F")) and "torch" not in missing and not has_torch:
         lines.insert(0, "import torch")
     fixups.append("script: added the imports the page left out: " + "; ".join(lines))
     return "\n".join(lines) + "\n" + code
@@ -315,7 +316,8 @@ def _python(lines: list[str], facts: list[Fact]) -> str | None:
     return None
 
 
-_CUDA = re.compile(r"""torch\.device\(\s*['"]cuda|\.cuda\(|\.to\(\s*['"]cuda|device\s*=\s*['"]cuda|['"]cuda(?::\d+)?['"]|torch\.cuda\.(?!is_available)""")
+_CUDA = re.compile(r"""torch\.device\(\s*['"]cuda|\.cuda\(|\.to\(\s*['"]cuda|device\s*=\s*['"]cuda"""
+                   r"""|['"]cuda(?::\d+)?['"]|torch\.cuda\.(?!is_available)""")
 
 
 def _cuda(script: str, chosen: Block, facts: list[Fact]) -> tuple[bool, bool]:
@@ -355,12 +357,14 @@ def _pip(lines: list[str], script: str, torch_v: str, facts: list[Fact], fixups:
         name = _PYPI.get(mod, mod).replace("_", "-")
         if name in ("torchvision", "torchaudio"):
             pinned = _companion(name, torch_v)
-            facts.append(Fact("pip", pinned, None, f"the script imports {mod}; the release that goes with torch {torch_v}"))
+            facts.append(Fact("pip", pinned, None,
+                              f"the script imports {mod}; the release that goes with torch {torch_v}"))
             reqs.append(pinned)
             continue
         page = pins.get(name.lower())
         if page:
-            facts.append(Fact("pip", f"{name}=={page[0]}", page[1], f"the script imports {mod}, pinned as the page pins it"))
+            facts.append(Fact("pip", f"{name}=={page[0]}", page[1],
+                              f"the script imports {mod}, pinned as the page pins it"))
             reqs.append(f"{name}=={page[0]}")
         else:
             facts.append(Fact("pip", name, None, f"the script imports {mod}; the page pins no version"))
@@ -501,7 +505,8 @@ def _title_or_comment_exception(page: IssuePage, chosen: Block) -> tuple[str, in
         comment = re.sub(r"^(?:raises|error|fails with|gives)[:\s]+", "", comment, flags=re.I)
         m = _EXC_LINE.match(comment)
         if m and m.group(2) and re.search(r"Error|Exception|Unsupported", m.group(1)):
-            return _stable(m.group(1), m.group(2), [], 0), chosen.line + k, "an exception named in the script's comments"
+            return (_stable(m.group(1), m.group(2), [], 0), chosen.line + k,
+                    "an exception named in the script's comments")
     if page.title:
         m = re.search(r"`?([A-Za-z_][\w.]*(?:Error|Exception|Unsupported))(?::\s*([^`]+))?`?", page.title)
         if m and m.group(2):
@@ -541,9 +546,9 @@ def _exception_in(lines: list[str], start: int, end: int) -> tuple[str, int] | N
             while j < end:
                 text = lines[j].rstrip()
                 bare = re.sub(r"^\[rank\d+\]:\s*|^\s*[WE]\d{4} [\d:. ]+\d+ [\w/.]+:\d+\]\s*(\[[^\]]*\]\s*)*", "", text)
-                if bare and not bare.startswith((" ", "\t")) and (m := _EXC_LINE.match(bare.strip())):
-                    if m.group(1) != "Traceback":
-                        return _stable(m.group(1), m.group(2) or "", lines, j), j + 1
+                m = _EXC_LINE.match(bare.strip()) if bare and not bare.startswith((" ", "\t")) else None
+                if m and m.group(1) != "Traceback":
+                    return _stable(m.group(1), m.group(2) or "", lines, j), j + 1
                 j += 1
             i = j
         i += 1
@@ -588,8 +593,8 @@ def _page_output(found: list[Block], chosen: Block, script: str):
             continue
         if re.search(r"(?i)expect", b.label):
             continue  # what should be printed, not what was
-        if b.info in ("cpp", "c", "c++", "diff", "json", "yaml", "cuda") or re.search(r"^\s*(import|from) \w", b.text, re.M) \
-                or "Traceback" in b.text:
+        code_like = re.search(r"^\s*(import|from) \w", b.text, re.M)
+        if b.info in ("cpp", "c", "c++", "diff", "json", "yaml", "cuda") or code_like or "Traceback" in b.text:
             continue  # code, or a traceback cut short: not printed output
         body = [ln.strip() for ln in b.text.splitlines() if ln.strip()]
         candidates = [ln for ln in body if not (random and _FLOAT.search(ln))]
@@ -623,7 +628,9 @@ def _const(node: ast.AST) -> str | None:
     if isinstance(node, ast.JoinedStr):
         parts = [v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
         text = "".join(parts).strip()
-        return text[:100] if len(text) >= 3 and len(parts) == len(node.values) else (parts[0].strip()[:100] if parts and len(parts[0].strip()) >= 3 else None)
+        if len(text) >= 3 and len(parts) == len(node.values):
+            return text[:100]
+        return parts[0].strip()[:100] if parts and len(parts[0].strip()) >= 3 else None
     return None
 
 

@@ -149,7 +149,8 @@ def compare_seam(runner: Callable[[str, str], dict] | None = None) -> Compare:
         old = state.bisect.last_old if state.bisect and state.bisect.last_old else state.page_run.torch
         new = state.bisect.first_new if state.bisect and state.bisect.first_new else state.newest_run.torch
         result = fn(state.page_run.run_dir, state.newest_run.run_dir)
-        return {"available": True, "old": old, "new": new, **(result if isinstance(result, dict) else {"text": str(result)})}
+        found = result if isinstance(result, dict) else {"text": str(result)}
+        return {"available": True, "old": old, "new": new, **found}
     return step
 
 

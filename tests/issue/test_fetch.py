@@ -16,10 +16,11 @@ from lab.issue.infer import infer
 ISSUE = {"number": 147282, "title": "assert fails to trigger inside torch.compile", "state": "closed",
          "html_url": "https://github.com/pytorch/pytorch/issues/147282", "created_at": "2025-02-16T10:00:00Z",
          "user": {"login": "ad8e"}, "comments": 1,
-         "body": "### 🐛 Describe the bug\n\n```\nimport torch\n@torch.compile\ndef func():\n\ta = torch.tensor([1.0, -2.0])\n"
-                 "\ttest = torch.all(a > 0)\n\tprint(test)\n\tassert test, \"should throw\"\n\tprint(\"should not run\")\n\n\n"
-                 "func()\n```\n\nOutput:\n```\ntensor(False)\nshould not run\n```\n\n### Versions\n\n```\nPyTorch version: 2.5.1\n"
-                 "OS: Ubuntu 22.04.5 LTS (x86_64)\n```\n"}
+         "body": "### 🐛 Describe the bug\n\n```\nimport torch\n@torch.compile\ndef func():\n"
+                 "\ta = torch.tensor([1.0, -2.0])\n\ttest = torch.all(a > 0)\n\tprint(test)\n"
+                 "\tassert test, \"should throw\"\n\tprint(\"should not run\")\n\n\nfunc()\n```\n\n"
+                 "Output:\n```\ntensor(False)\nshould not run\n```\n\n### Versions\n\n```\n"
+                 "PyTorch version: 2.5.1\nOS: Ubuntu 22.04.5 LTS (x86_64)\n```\n"}
 COMMENTS = [{"user": {"login": "someone"}, "created_at": "2025-02-17T00:00:00Z", "body": "Confirmed on main."}]
 
 
