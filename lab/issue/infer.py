@@ -23,6 +23,8 @@ __all__ = ["Fact", "Inference", "infer"]
 GPU_BASE = "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
 CPU_BASE = "debian:bookworm"
 CPU_PYTHON = "3.11"
+OLD_BASE = "debian:bullseye"   # Python 3.9: torch.compile before 2.1.0 refuses Python 3.11
+OLD_PYTHON = "3.9"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Inference:
     facts: list[Fact] = field(default_factory=list)
     fixups: list[str] = field(default_factory=list)
     python: str | None = None
+    base: str = CPU_BASE
 
     def fact(self, name: str) -> Fact | None:
         return next((f for f in self.facts if f.name == name), None)
@@ -70,11 +73,13 @@ def infer(page: IssuePage) -> Inference:
     arch = _arch(page, lines, facts)
     python = _python(lines, facts)
     gpu, cpu_variant = _cuda(script, chosen, facts)
+    base = _base(torch_v, script, facts, fixups)
     env: dict[str, str] = {}
     expect = _expect(page, lines, found, chosen, script, facts, fixups, env)
     pip = _pip(lines, script, torch_v, facts, fixups)
     return Inference(page=page, torch=torch_v, arch=arch, gpu=gpu, cpu_variant=cpu_variant, pip=pip, env=env,
-                     script=script, script_lines=span, expect=expect, facts=facts, fixups=fixups, python=python)
+                     script=script, script_lines=span, expect=expect, facts=facts, fixups=fixups, python=python,
+                     base=base)
 
 
 # ----------------------------------------------------------------------------- the script
@@ -281,6 +286,16 @@ def _minimums(version: str, script: str, facts: list[Fact], fixups: list[str]) -
     return version
 
 
+def _base(torch_v: str, script: str, facts: list[Fact], fixups: list[str]) -> str:
+    """debian:bookworm (Python 3.11), or debian:bullseye (3.9) where the script compiles with a torch
+    whose torch.compile refuses Python 3.11 (before 2.1.0: "Python 3.11+ not yet supported")."""
+    if re.search(r"torch\.(compile|_dynamo|_inductor|export)\b", script) and Version(torch_v) < Version("2.1.0"):
+        fixups.append(f"base: {OLD_BASE} (Python {OLD_PYTHON}): torch.compile in torch {torch_v} refuses Python "
+                      f"{CPU_PYTHON}, the python3 of {CPU_BASE}")
+        return OLD_BASE
+    return CPU_BASE
+
+
 # ----------------------------------------------------------------------------- arch, Python, CUDA
 
 _ARM = re.compile(r"(?i)\b(aarch64|arm64|graviton\d?|neoverse[- ]?\w*|ampere altra|apple m\d)\b")
@@ -428,14 +443,19 @@ _SIGNALS = ((re.compile(r"(?i)segmentation fault|SIGSEGV|segfault"), 139, "a seg
 
 
 def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str, object]:
+    for i, text in enumerate(lines):
+        if re.search(r"\bpython3?(?:\.\d+)?\s+(?:-W\s*error|-Werror)\b|PYTHONWARNINGS=error", text):
+            env["PYTHONWARNINGS"] = "error"
+            fixups.append(f"env: PYTHONWARNINGS=error: the page ran Python with warnings as errors (line {i + 1})")
+            break
     exc = _page_exception(lines, found)
     if exc:
         text, line = exc
         facts.append(Fact("expect", f"traceback_contains: {text!r}", line, "the final exception line of the "
                           "page's traceback"))
         kind = text.split(":", 1)[0]
-        if kind.endswith("Warning") and not re.search(r"simplefilter\(\s*['\"]error|filterwarnings\(\s*['\"]error",
-                                                       script):
+        filtered = re.search(r"simplefilter\(\s*['\"]error|filterwarnings\(\s*['\"]error", script)
+        if kind.endswith("Warning") and "PYTHONWARNINGS" not in env and not filtered:
             action = f"error::{kind}" if kind in dir(builtins) else "error"
             env["PYTHONWARNINGS"] = action
             fixups.append(f"env: PYTHONWARNINGS={action}, because the page's error is a {kind} raised as an "
@@ -480,12 +500,18 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str,
 def _page_exception(lines: list[str], found: list[Block]) -> tuple[str, int] | None:
     """The final exception line of the first complete traceback in the page's code blocks (or in its
     text, for pages that paste logs unfenced), cut to its stable part."""
-    in_blocks = [(b.line - 1, b.end_line) for b in found if b.kind is not Kind.SCRIPT]
-    ranges = in_blocks + [(0, len(lines))]
-    for start, end in ranges:
+    expected = [b for b in found if re.search(r"(?i)expect", b.label)]  # what should happen, not what did
+    in_blocks = [(b.line - 1, b.end_line) for b in found
+                 if b not in expected and (b.kind is not Kind.SCRIPT or b.prompts)]
+    for start, end in in_blocks:
         hit = _exception_in(lines, start, end)
         if hit:
             return hit
+    skip = {i for b in expected for i in range(b.line - 1, b.end_line)}
+    prose = [ln if i not in skip else "" for i, ln in enumerate(lines)]
+    hit = _exception_in(prose, 0, len(prose))
+    if hit:
+        return hit
     for b in found:  # a pasted tail of a traceback: `    raise ValueError(...)` then `ValueError: ...`
         if b.kind in (Kind.OUTPUT, Kind.TRACEBACK):
             for k, text in reversed(list(enumerate(b.text.splitlines()))):

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from lab.core.errors import ScenarioError
-from lab.issue.infer import CPU_BASE, GPU_BASE, Inference
+from lab.issue.infer import GPU_BASE, Inference
 from lab.scenario.schema import Scenario, load_scenario
 
 __all__ = ["Written", "scenario_name", "write_inference", "write_skeleton"]
@@ -68,7 +68,8 @@ def write_inference(inf: Inference, out_dir: Path, name: str | None = None, forc
 def report_json(inf: Inference, name: str) -> dict:
     return {"scenario": name, "source": inf.page.source, "url": inf.page.url, "title": inf.page.title,
             "created": inf.page.created.isoformat() if inf.page.created else None,
-            "torch": inf.torch, "arch": inf.arch.value, "gpu": inf.gpu, "cpu_variant": inf.cpu_variant,
+            "torch": inf.torch, "arch": inf.arch.value, "base": inf.base, "gpu": inf.gpu,
+            "cpu_variant": inf.cpu_variant,
             "pip": inf.pip, "env": inf.env, "expect": inf.expect,
             "script_lines": list(inf.script_lines),
             "facts": [{"name": f.name, "value": f.value, "line": f.line, "how": f.how, "default": f.default}
@@ -97,7 +98,7 @@ def _yaml_text(inf: Inference, name: str, script: Path, *, gpu: bool, cpu_varian
     if inf.page.url and re.match(r"https?://", inf.page.url):
         data["upstream"] = inf.page.url
     data.update({"torch": inf.torch, "arch": "amd64" if gpu else inf.arch.value,
-                 "base": GPU_BASE if gpu else CPU_BASE})
+                 "base": GPU_BASE if gpu else inf.base})
     if gpu:
         data["gpu"] = True
         if cpu_variant:
