@@ -56,8 +56,8 @@ def _show_inference(inf, written, as_json: bool) -> None:
     err.print(f"[bold]{escape(written.scenario.name)}[/] from {escape(where)}", soft_wrap=True)
     for f in inf.facts:
         place = f"line {f.line}" if f.line else ("default" if f.default else "page")
-        mark = "[yellow]default[/] " if f.default else ""
-        err.print(f"  {f.name:<7} {escape(f.value)}  [dim]({place})[/] {mark}{escape(f.how)}", soft_wrap=True)
+        shown = f"[yellow]({place})[/]" if f.default else f"[dim]({place})[/]"
+        err.print(f"  {f.name:<7} {escape(f.value)}  {shown} {escape(f.how)}", soft_wrap=True)
     for f in inf.fixups:
         err.print(f"  [cyan]fix-up[/]  {escape(f)}", soft_wrap=True)
     err.print(f"wrote {escape(str(written.yaml))}" + (f" and {escape(str(written.cpu_variant))}"

@@ -74,6 +74,9 @@ def infer(page: IssuePage) -> Inference:
     python = _python(lines, facts)
     gpu, cpu_variant = _cuda(script, chosen, facts)
     base = _base(torch_v, script, facts, fixups)
+    if base == OLD_BASE:
+        facts[:] = [Fact("python", OLD_PYTHON, f.line, f"{OLD_BASE}'s python3 (see the fix-ups); the page: "
+                         f"{python or 'not given'}") if f.name == "python" else f for f in facts]
     env: dict[str, str] = {}
     expect = _expect(page, lines, found, chosen, script, facts, fixups, env)
     pip = _pip(lines, script, torch_v, facts, fixups)

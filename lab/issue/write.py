@@ -112,7 +112,8 @@ def _yaml_text(inf: Inference, name: str, script: Path, *, gpu: bool, cpu_varian
     data["expect"] = dict(inf.expect)
     comments = ["# Written by `lab new --from-issue`; every value below came from the page or is a",
                 "# named default (see description). Check it, then: lab run " + name]
-    body = "\n".join(yaml.safe_dump({k: v}, sort_keys=False, allow_unicode=True, width=110).rstrip()
+    body = "\n".join(f'torch: "{v}"' if k == "torch" else
+                     yaml.safe_dump({k: v}, sort_keys=False, allow_unicode=True, width=110).rstrip()
                      for k, v in data.items() if k != "title")
     title_line = yaml.safe_dump({"title": title}, allow_unicode=True, width=10_000).rstrip()
     desc_block = "description: |\n" + "\n".join("  " + ln if ln else "" for ln in
