@@ -45,7 +45,7 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
     broken = _broken_environment(ev)
     if broken and not all(c.held for c in checks):
         return _judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
-    if expect.graph_breaks is not None and (diagnostics is None or diagnostics.graph_break_count is None):
+    if expect.needs_graph_breaks and (diagnostics is None or diagnostics.graph_break_count is None):
         return _judgement(Verdict.ERROR, "graph_breaks needs torch._dynamo.explain's count, and the "
                                         "diagnose step gave none (see diagnose/stderr.txt)", checks)
     failed = [c for c in checks if not c.held]
@@ -98,6 +98,11 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
         count = diagnostics.graph_break_count if diagnostics is not None else None
         observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
         yield _check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
+    if expect.graph_breaks_min is not None:
+        count = diagnostics.graph_break_count if diagnostics is not None else None
+        observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
+        yield _check("graph_breaks_min", f"at least {expect.graph_breaks_min}", observed,
+                     count is not None and count >= expect.graph_breaks_min)
     if expect.exit_code is not None:
         observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
         yield _check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)

@@ -474,6 +474,10 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str,
         code, words, line = crash
         facts.append(Fact("expect", f"exit_code: {code}", line, f"the page shows {words}"))
         return {"exit_code": code}
+    gb = _graph_break_claim(page, lines, found, script)
+    if gb:
+        facts.append(Fact("expect", "graph_breaks_min: 1", gb[1], gb[0]))
+        return {"graph_breaks_min": 1}
     out = _page_output(found, chosen, script)
     if out:
         text, line = out
@@ -612,6 +616,20 @@ def _crash(found: list[Block], chosen: Block, page: IssuePage):
 
 
 _FLOAT = re.compile(r"-?\d+\.\d+(e[-+]?\d+)?|\bnan\b|\binf\b")
+
+
+def _graph_break_claim(page: IssuePage, lines: list[str], found: list[Block], script: str):
+    """The page says the compiled code graph-breaks (and shows no error): at least one graph break."""
+    if not re.search(r"torch\.compile|torch\._dynamo", script):
+        return None
+    if page.title and re.search(r"(?i)graph[- ]?break", page.title):
+        return "the title reports a graph break", None
+    in_code = {i for b in found for i in range(b.line - 1, b.end_line)}
+    for i, text in enumerate(lines):
+        claim = re.search(r"(?i)\b(causes?|gives?|there is|hits?|leads? to) (a )?graph[- ]?break", text)
+        if i not in in_code and claim:
+            return "the page reports a graph break", i + 1
+    return None
 
 
 def _page_output(found: list[Block], chosen: Block, script: str):
