@@ -52,3 +52,8 @@ def test_page_without_code_exits_2_with_one_paragraph(tmp_path):
     proc = lab("new", "--from-issue", str(CORPUS / "108747.md"), "-o", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr.startswith("error:") and "no code block" in proc.stderr
+
+
+def test_triage_of_a_page_without_code_exits_2(tmp_path):
+    proc = lab("triage", str(CORPUS / "108747.md"), "--out", str(tmp_path / "runs"), "-o", str(tmp_path / "sc"))
+    assert proc.returncode == 2 and "no code block" in proc.stderr
