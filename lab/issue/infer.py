@@ -116,15 +116,18 @@ def _script(page: IssuePage, found: list[Block], facts: list[Fact], fixups: list
     chosen = max(runnable, key=lambda b: (_score(b, first), -b.index))
     others = [b for b in found if b is not chosen]
     why = f"code block {chosen.index + 1} of {len(found)}" + (f" ({chosen.info})" if chosen.info else "")
-    skipped = [f"{b.index + 1} ({b.kind.value})" for b in others]
-    facts.append(Fact("script", f"{len(chosen.code.splitlines())} lines", chosen.line,
-                      why + (f"; not blocks {', '.join(skipped)}" if skipped else "")))
     code = chosen.code
     if chosen.prompts:
         fixups.append(f"script (line {chosen.line}): removed the >>> and ... prompts of an interactive session")
     if "(IPython magic, commented out by the lab)" in code:
         fixups.append(f"script (line {chosen.line}): commented out IPython magics (%, !)")
+    before = len(fixups)
     code = _merge_definitions(code, chosen, found, fixups)
+    joined = {int(m.group(1)) for f in fixups[before:] if (m := re.search(r"code block (\d+)", f))}
+    skipped = [f"{b.index + 1} ({b.kind.value})" for b in others if b.index + 1 not in joined]
+    facts.append(Fact("script", f"{len(code.splitlines())} lines", chosen.line,
+                      why + (f" with block {', '.join(map(str, sorted(joined)))} joined" if joined else "")
+                      + (f"; not blocks {', '.join(skipped)}" if skipped else "")))
     code = _fix_imports(code, fixups)
     return code.rstrip() + "\n", (chosen.line, chosen.end_line), chosen
 
