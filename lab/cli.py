@@ -1176,8 +1176,12 @@ def config_cmd(as_json: JsonOpt = False) -> None:
     _guard(body)
 
 
+from lab import cli_issue as _cli_issue  # noqa: E402,F401,I001  (lab new, lab triage)
+
+
 def main() -> None:  # pragma: no cover
     try:
         app(prog_name="lab")
     except EngineError as e:
         _fail(e, codes.INFRASTRUCTURE)
+

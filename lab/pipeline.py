@@ -239,13 +239,13 @@ def diagnose_decision(asked: bool | None, compile_debug: bool, case: Case, evide
     """Whether the diagnose step runs, and why (the words go into result.json and report.md)."""
     if evidence.timed_out:
         return False, "the script timed out, and a second run would hang too"
-    if asked is False and case.scenario.expect.graph_breaks is None:
+    if asked is False and not case.scenario.expect.needs_graph_breaks:
         return False, "`--no-diagnose`"
     if asked:
         return True, "asked for (`--diagnose`)"
     if compile_debug:
         return True, "asked for (`--compile-debug`)"
-    if case.scenario.expect.graph_breaks is not None:
+    if case.scenario.expect.needs_graph_breaks:
         return True, "the scenario expects a graph-break count, which only the diagnose step counts"
     exc = compile_exception(evidence)
     if exc is not None:

@@ -16,7 +16,7 @@ from lab.core.records import STOPPED_OUT_FULL
 from lab.core.results import Check, FailureSignatures, Judgement, Verdict
 from lab.scenario.schema import Expect
 
-__all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge"]
+__all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge", "normalize_ws"]
 
 _BROKEN_ENV = ("No module named 'torch'", "libtorch", "GLIBC_")
 
@@ -47,7 +47,7 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
     broken = _broken_environment(ev)
     if broken and not all(c.held for c in checks):
         return _judgement(Verdict.ERROR, f"the environment is broken: {broken}", checks)
-    if expect.graph_breaks is not None and (diagnostics is None or diagnostics.graph_break_count is None):
+    if expect.needs_graph_breaks and (diagnostics is None or diagnostics.graph_break_count is None):
         return _judgement(Verdict.ERROR, "graph_breaks needs torch._dynamo.explain's count, and the "
                                         "diagnose step gave none (see diagnose/stderr.txt)", checks)
     failed = [c for c in checks if not c.held]
@@ -102,6 +102,11 @@ def _broken_environment(ev: Evidence) -> str | None:
     return None
 
 
+def normalize_ws(text: str) -> str:
+    """Every run of whitespace as one space: output pasted into a page rarely keeps torch's padding."""
+    return " ".join(text.split())
+
+
 def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics):
     if expect.duplicate_runtime is not None:
         dups = [d for d in ev.duplicate_runtimes if d.family == expect.duplicate_runtime]
@@ -119,6 +124,10 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
         held = expect.stdout_contains in stdout
         yield _check("stdout_contains", repr(expect.stdout_contains),
                     "found" if held else "not found", held)
+    if expect.stdout_contains_normalized is not None:
+        wanted = normalize_ws(expect.stdout_contains_normalized)
+        held = wanted in normalize_ws(stdout)
+        yield _check("stdout_contains_normalized", repr(wanted), "found" if held else "not found", held)
     if expect.stderr_contains is not None:
         held = expect.stderr_contains in stderr
         yield _check("stderr_contains", repr(expect.stderr_contains),
@@ -127,6 +136,11 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
         count = diagnostics.graph_break_count if diagnostics is not None else None
         observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
         yield _check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
+    if expect.graph_breaks_min is not None:
+        count = diagnostics.graph_break_count if diagnostics is not None else None
+        observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
+        yield _check("graph_breaks_min", f"at least {expect.graph_breaks_min}", observed,
+                     count is not None and count >= expect.graph_breaks_min)
     if expect.exit_code is not None:
         observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
         yield _check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)

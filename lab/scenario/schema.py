@@ -105,12 +105,16 @@ _FIELD_HELP: dict[str, str] = {
     "args": "must be a list of command-line arguments for the script, such as [--size, 512]",
     "timeout": "must be a whole number of seconds between 1 and 86400",
     "expect": "must be a mapping with at least one of duplicate_runtime, traceback_contains, "
-    "stdout_contains, stderr_contains, exit_code",
+    "stdout_contains, stderr_contains, stdout_contains_normalized, exit_code, graph_breaks",
     "expect.duplicate_runtime": "must be one of: " + ", ".join(sorted(KNOWN_RUNTIME_FAMILIES)),
     "expect.traceback_contains": "must be a non-empty text to find in the final exception's type and message",
     "expect.stdout_contains": "must be a non-empty text to find in the script's standard output",
     "expect.stderr_contains": "must be a non-empty text to find in the script's standard error",
+    "expect.stdout_contains_normalized": "must be a non-empty text to find in the script's standard output "
+    "once every run of whitespace in both is one space (for output pasted from a page)",
     "expect.exit_code": "must be a whole number between 0 and 255",
+    "expect.graph_breaks_min": "must be a whole number of graph breaks, at least 1: reproduced when "
+    "torch._dynamo.explain counts that many or more",
     "network": "must be true or false (true: the script needs network access at run time)",
     "limits": "must be a mapping with any of memory, pids, cpus, output, logs, such as "
     "{memory: 8g, pids: 4096, cpus: 2, output: 1g, logs: 64m}",
@@ -438,8 +442,15 @@ class Expect(BaseModel):
     traceback_contains: NonEmptyText | None = None
     stdout_contains: NonEmptyText | None = None
     stderr_contains: NonEmptyText | None = None
+    stdout_contains_normalized: NonEmptyText | None = None
     exit_code: int | None = Field(default=None, ge=0, le=255, strict=True)
     graph_breaks: int | None = Field(default=None, ge=0, le=100000, strict=True)
+    graph_breaks_min: int | None = Field(default=None, ge=1, le=100000, strict=True)
+
+    @property
+    def needs_graph_breaks(self) -> bool:
+        """Whether judging needs torch._dynamo.explain's count (the diagnose step)."""
+        return self.graph_breaks is not None or self.graph_breaks_min is not None
 
     @model_validator(mode="after")
     def _at_least_one(self) -> Expect:

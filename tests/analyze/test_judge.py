@@ -107,3 +107,22 @@ def test_evidence_names_the_user_code_of_a_graph_break():
     words = evidence(exit_code=1, exceptions=(final_exception(stderr),)).plain_words()
     assert "in user code: /lab/repro/dlpack_compile.py, line 23, in forward: " \
            "`dlpack = torch.utils.dlpack.to_dlpack(x_uint8)`" in words
+
+
+def test_stdout_contains_normalized_ignores_whitespace():
+    # real torch output (105264's) against the same text as pasted into a page, with its padding lost
+    stdout = "tensor(0, dtype=torch.int16)\ntensor(256,  dtype=torch.int16)\n"
+    expect = Expect(stdout_contains_normalized="tensor(256, dtype=torch.int16)")
+    assert judge(evidence(), expect, stdout, "").verdict is Verdict.REPRODUCED
+    assert judge(evidence(), expect, "tensor(0, dtype=torch.int16)\n", "").verdict is Verdict.NOT_REPRODUCED
+    assert judge(evidence(), Expect(stdout_contains="tensor(256, dtype=torch.int16)"), stdout, "").verdict \
+        is Verdict.NOT_REPRODUCED
+
+
+def test_graph_breaks_min_needs_the_diagnose_count():
+    from types import SimpleNamespace
+    expect = Expect(graph_breaks_min=1)
+    assert expect.needs_graph_breaks
+    assert judge(evidence(), expect, "", "", SimpleNamespace(graph_break_count=2)).verdict is Verdict.REPRODUCED
+    assert judge(evidence(), expect, "", "", SimpleNamespace(graph_break_count=0)).verdict is Verdict.NOT_REPRODUCED
+    assert judge(evidence(), expect, "", "", None).verdict is Verdict.ERROR

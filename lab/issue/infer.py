@@ -1,0 +1,688 @@
+"""What a page says about its case, each fact with the page line it came from: the torch version,
+the architecture, Python, CUDA, pip requirements, the script and the expectation. What the page does
+not say gets a default, named as such; every change the lab makes to the page's code is a fix-up."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import sys
+from dataclasses import dataclass, field
+from datetime import date
+
+from packaging.version import Version
+
+from lab.core.arch import Arch
+from lab.issue import releases
+from lab.issue.fetch import IssueError, IssuePage
+from lab.issue.parse import Block, Kind, blocks
+
+__all__ = ["Fact", "Inference", "infer"]
+
+GPU_BASE = "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
+CPU_BASE = "debian:bookworm"
+CPU_PYTHON = "3.11"
+OLD_BASE = "debian:bullseye"   # Python 3.9: torch.compile before 2.1.0 refuses Python 3.11
+OLD_PYTHON = "3.9"
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One inferred value: `line` is the page line it came from (None: a default or the issue's date)."""
+
+    name: str
+    value: str
+    line: int | None
+    how: str
+    default: bool = False
+
+    def words(self) -> str:
+        where = f"line {self.line}" if self.line else ("default" if self.default else "page")
+        return f"{self.name}: {self.value} ({where}: {self.how})"
+
+
+@dataclass
+class Inference:
+    page: IssuePage
+    torch: str
+    arch: Arch
+    gpu: bool
+    cpu_variant: bool
+    pip: list[str]
+    env: dict[str, str]
+    script: str
+    script_lines: tuple[int, int]
+    expect: dict[str, object]
+    facts: list[Fact] = field(default_factory=list)
+    fixups: list[str] = field(default_factory=list)
+    python: str | None = None
+    base: str = CPU_BASE
+
+    def fact(self, name: str) -> Fact | None:
+        return next((f for f in self.facts if f.name == name), None)
+
+
+def infer(page: IssuePage) -> Inference:
+    lines = page.lines
+    found = blocks(lines)
+    facts: list[Fact] = []
+    fixups: list[str] = []
+    script, span, chosen = _script(page, found, facts, fixups)
+    torch_v = _torch(page, lines, found, script, facts, fixups)
+    arch = _arch(page, lines, facts)
+    python = _python(lines, facts)
+    gpu, cpu_variant = _cuda(script, chosen, facts)
+    base = _base(torch_v, script, facts, fixups)
+    if base == OLD_BASE:
+        facts[:] = [Fact("python", OLD_PYTHON, f.line, f"{OLD_BASE}'s python3 (see the fix-ups); the page: "
+                         f"{python or 'not given'}") if f.name == "python" else f for f in facts]
+    env: dict[str, str] = {}
+    expect = _expect(page, lines, found, chosen, script, facts, fixups, env)
+    pip = _pip(lines, script, torch_v, facts, fixups)
+    return Inference(page=page, torch=torch_v, arch=arch, gpu=gpu, cpu_variant=cpu_variant, pip=pip, env=env,
+                     script=script, script_lines=span, expect=expect, facts=facts, fixups=fixups, python=python,
+                     base=base)
+
+
+# ----------------------------------------------------------------------------- the script
+
+_MINIFIER = ("load_config(b'", "rand_strided", "run_repro(", "load_args(", "make_fx(Repro", "compile_fx_inner(")
+
+
+def _score(b: Block, first_script: int) -> float:
+    code = b.code
+    score = 0.0
+    score += 10 if re.search(r"^\s*(import torch|from torch)", code, re.M) else 0
+    score += 4 if b.index == first_script else 0
+    score += min(len(code.splitlines()), 60) / 10
+    score -= 12 if any(m in code for m in _MINIFIER) else 0
+    score -= 6 if "minif" in b.label.lower() else 0
+    score -= 3 * len(_undefined(code) - set(_IMPORT_FIXES))
+    return score
+
+
+def _script(page: IssuePage, found: list[Block], facts: list[Fact], fixups: list[str]):
+    if not found:
+        raise IssueError(_no_code(page, "has no code block"), hint="Write the scenario by hand with "
+                         "`lab new NAME`, or add the reproducing script to the page.")
+    runnable = [b for b in found if b.kind is Kind.SCRIPT] or [b for b in found if b.kind is Kind.PYTHON]
+    if not runnable:
+        kinds = ", ".join(sorted({b.kind.value for b in found}))
+        raise IssueError(_no_code(page, f"has {len(found)} code block(s) ({kinds}) and none is a Python "
+                                        "script that uses torch"),
+                         hint="Write the scenario by hand with `lab new NAME`.")
+    first = runnable[0].index
+    chosen = max(runnable, key=lambda b: (_score(b, first), -b.index))
+    others = [b for b in found if b is not chosen]
+    why = f"code block {chosen.index + 1} of {len(found)}" + (f" ({chosen.info})" if chosen.info else "")
+    code = chosen.code
+    if chosen.prompts:
+        fixups.append(f"script (line {chosen.line}): removed the >>> and ... prompts of an interactive session")
+    if "(IPython magic, commented out by the lab)" in code:
+        fixups.append(f"script (line {chosen.line}): commented out IPython magics (%, !)")
+    before = len(fixups)
+    code = _merge_definitions(code, chosen, found, fixups)
+    joined = {int(m.group(1)) for f in fixups[before:] if (m := re.search(r"code block (\d+)", f))}
+    skipped = [f"{b.index + 1} ({b.kind.value})" for b in others if b.index + 1 not in joined]
+    facts.append(Fact("script", f"{len(code.splitlines())} lines", chosen.line,
+                      why + (f" with block {', '.join(map(str, sorted(joined)))} joined" if joined else "")
+                      + (f"; not blocks {', '.join(skipped)}" if skipped else "")))
+    code = _fix_imports(code, fixups)
+    return code.rstrip() + "\n", (chosen.line, chosen.end_line), chosen
+
+
+def _no_code(page: IssuePage, what: str) -> str:
+    name = page.url or page.source
+    return (f"{name} {what}, so there is nothing to run: the lab turns a page's code block into the "
+            "scenario's script and never guesses code from prose.")
+
+
+def _defined(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(node.names)
+    return names
+
+
+def _undefined(code: str) -> set[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return used - _defined(tree) - set(dir(builtins)) - {"__file__", "__name__"}
+
+
+def _merge_definitions(code: str, chosen: Block, found: list[Block], fixups: list[str]) -> str:
+    """Names the block uses but another Python block of the page defines: that block goes first. A
+    later block that uses what this one defines (a class, then "test with") goes after it."""
+    defined = _defined(ast.parse(code))
+    users = [b for b in found if b.index > chosen.index and b.kind in (Kind.SCRIPT, Kind.PYTHON)
+             and (_undefined(b.code) & defined)]
+    for b in users:
+        fixups.append(f"script: appended code block {b.index + 1} (line {b.line}), which uses what block "
+                      f"{chosen.index + 1} defines ({', '.join(sorted(_undefined(b.code) & defined))[:80]})")
+        code = code + "\n\n" + b.code
+    missing = _undefined(code) - set(_IMPORT_FIXES)
+    if not missing:
+        return code
+    parts: list[Block] = []
+    for b in found:
+        if b is chosen or b.kind not in (Kind.SCRIPT, Kind.PYTHON):
+            continue
+        gives = _defined(ast.parse(b.code)) & missing
+        if gives:
+            parts.append(b)
+            missing -= gives
+    if not parts:
+        return code
+    for b in parts:
+        fixups.append(f"script: put code block {b.index + 1} (line {b.line}) first, for what it defines "
+                      f"({', '.join(sorted(_defined(ast.parse(b.code)) & _undefined(code)))[:80]})")
+    ordered = sorted([*parts, chosen], key=lambda b: b.index)  # noqa: F841 (kept below)
+    return "\n\n".join(b.code if b is not chosen else code for b in ordered)
+
+
+_IMPORT_FIXES = {
+    "torch": "import torch", "nn": "import torch.nn as nn", "F": "import torch.nn.functional as F",
+    "np": "import numpy as np", "numpy": "import numpy", "Tensor": "from torch import Tensor",
+    "math": "import math", "time": "import time", "os": "import os", "sys": "import sys",
+    "random": "import random", "warnings": "import warnings", "functools": "import functools",
+    "itertools": "import itertools", "copy": "import copy", "contextlib": "import contextlib",
+    "collections": "import collections", "operator": "import operator", "traceback": "import traceback",
+    "gc": "import gc", "pickle": "import pickle", "typing": "import typing", "dataclasses": "import dataclasses",
+    "Optional": "from typing import Optional", "List": "from typing import List",
+    "Tuple": "from typing import Tuple", "Dict": "from typing import Dict", "Any": "from typing import Any",
+}
+
+
+def _fix_imports(code: str, fixups: list[str]) -> str:
+    missing = sorted(_undefined(code) & set(_IMPORT_FIXES))
+    if not missing:
+        return code
+    lines = [_IMPORT_FIXES[n] for n in missing]
+    has_torch = re.search(r"^import torch\b", code, re.M)
+    if any(n in missing for n in ("nn", "F")) and "torch" not in missing and not has_torch:
+        lines.insert(0, "import torch")
+    fixups.append("script: added the imports the page left out: " + "; ".join(lines))
+    return "\n".join(lines) + "\n" + code
+
+
+# ----------------------------------------------------------------------------- the torch version
+
+_V = r"(\d+\.\d+(?:\.\d+)?(?:(?:a|b|rc)\d+|\.dev\d+|\.post\d+)?(?:\+[\w.]+)?)"
+_TORCH_PATTERNS = (
+    ("PyTorch version:", re.compile(r"^\s*PyTorch version:\s*" + _V)),
+    ("[pip3] torch==", re.compile(r"^\s*\[pip3?\]\s*torch\s*[=]=\s*" + _V)),
+    ("[conda] pytorch", re.compile(r"^\s*\[conda\]\s*(?:py)?torch\s+" + _V)),
+    ("torch==", re.compile(r"\btorch\s*==\s*" + _V)),
+    ("PyTorch Version", re.compile(r"(?i)\b(?:py)?torch\s+version\s*(?:\(e\.g\., 1\.0\))?\s*[:=-]\s*v?" + _V)),
+    ("torch.__version__ output", re.compile(r"^\s*(?:torch(?: version)?:\s*)?" + _V + r"\s*$")),
+    ("a version line", re.compile(r"^\s*(\d+\.\d+\.\d+(?:a0\+git\w+|\.dev\d+(?:\+\w+)?|\+\w+))\s*$")),
+)
+
+
+def _torch(page, lines, found, script, facts, fixups) -> str:
+    raw, line, how = _find_torch(page, lines, found)
+    if raw is None and page.created is not None:
+        current = releases.on_date(page.created)
+        if current:
+            raw, how = current, f"no version on the page: the release current on the issue's date, {page.created}"
+        else:
+            raw = releases.RELEASES[0][0]
+            how = (f"no version on the page, and the issue ({page.created}) predates the oldest release with "
+                   f"wheels for Python {CPU_PYTHON}: {raw}")
+    if raw is None:
+        raw = releases.newest()
+        facts.append(Fact("torch", raw, None, "not found on the page (no Versions, no date): the newest release",
+                          default=True))
+        return _minimums(raw, script, facts, fixups)
+    version, why = releases.normalize(raw)
+    facts.append(Fact("torch", version, line, how + (f"; {why}" if why else "")))
+    return _minimums(version, script, facts, fixups)
+
+
+def _find_torch(page: IssuePage, lines: list[str], found: list[Block]):
+    output_lines = {i for b in found if b.kind in (Kind.OUTPUT, Kind.TRACEBACK)
+                    for i in range(b.line - 1, b.end_line)}
+    prints_version = any("__version__" in b.code for b in found)
+    for label, pattern in _TORCH_PATTERNS:
+        for i, text in enumerate(lines):
+            if label == "torch.__version__ output" and not (prints_version and i in output_lines):
+                continue
+            m = pattern.search(text)
+            if m and _plausible(m.group(1)):
+                return m.group(1), i + 1, f"`{text.strip()[:80]}`"
+    if page.title and (m := re.search(r"(?i)\b(?:py)?torch\s*v?(\d+\.\d+(?:\.\d+)?)|\bPT\s?(2\.\d+(?:\.\d+)?)",
+                                      page.title)):
+        return m.group(1) or m.group(2), None, f"the title: `{page.title[:80]}`"
+    return None, None, ""
+
+
+def _plausible(text: str) -> bool:
+    try:
+        v = Version(text)
+    except Exception:  # noqa: BLE001 - any unreadable version is simply not one
+        return False
+    return Version("1.0") <= Version(v.base_version) < Version("3.0")
+
+
+def _minimums(version: str, script: str, facts: list[Fact], fixups: list[str]) -> str:
+    v = Version(version)
+    if re.search(r"torch\.(compile|_dynamo|_inductor|export)\b", script) and v < Version(releases.MIN_COMPILE):
+        fixups.append(f"torch: {version} has no torch.compile, which the script uses: {releases.MIN_COMPILE}, "
+                      "the first release that has it")
+        return releases.MIN_COMPILE
+    if v < Version(releases.MIN_CP311):
+        fixups.append(f"torch: {version} has no wheel for Python {CPU_PYTHON}: {releases.MIN_CP311}")
+        return releases.MIN_CP311
+    return version
+
+
+def _base(torch_v: str, script: str, facts: list[Fact], fixups: list[str]) -> str:
+    """debian:bookworm (Python 3.11), or debian:bullseye (3.9) where the script compiles with a torch
+    whose torch.compile refuses Python 3.11 (before 2.1.0: "Python 3.11+ not yet supported")."""
+    if re.search(r"torch\.(compile|_dynamo|_inductor|export)\b", script) and Version(torch_v) < Version("2.1.0"):
+        fixups.append(f"base: {OLD_BASE} (Python {OLD_PYTHON}): torch.compile in torch {torch_v} refuses Python "
+                      f"{CPU_PYTHON}, the python3 of {CPU_BASE}")
+        return OLD_BASE
+    return CPU_BASE
+
+
+# ----------------------------------------------------------------------------- arch, Python, CUDA
+
+_ARM = re.compile(r"(?i)\b(aarch64|arm64|graviton\d?|neoverse[- ]?\w*|ampere altra|apple m\d)\b")
+_X86 = re.compile(r"(?i)\b(x86_64|amd64|x86-64)\b")
+_ENV_KEYS = ("OS:", "Python platform:", "Architecture:", "CPU:")
+
+
+def _arch(page: IssuePage, lines: list[str], facts: list[Fact]) -> Arch:
+    for i, text in enumerate(lines):
+        if text.lstrip().startswith(_ENV_KEYS) and (m := _ARM.search(text) or _X86.search(text)):
+            arch = Arch.ARM64 if _ARM.search(text) else Arch.AMD64
+            facts.append(Fact("arch", arch.value, i + 1, f"`{text.strip()[:80]}`"))
+            return arch
+    if page.title and (m := _ARM.search(page.title)):
+        facts.append(Fact("arch", "arm64", None, f"the title names {m.group(1)}"))
+        return Arch.ARM64
+    for i, text in enumerate(lines):
+        if m := _ARM.search(text):
+            facts.append(Fact("arch", "arm64", i + 1, f"the page names {m.group(1)}"))
+            return Arch.ARM64
+    facts.append(Fact("arch", "amd64", None, "no architecture on the page: amd64", default=True))
+    return Arch.AMD64
+
+
+def _python(lines: list[str], facts: list[Fact]) -> str | None:
+    for i, text in enumerate(lines):
+        m = re.match(r"\s*Python version:\s*(3\.\d+)", text)
+        if m:
+            note = "" if m.group(1) == CPU_PYTHON else f"; the image has {CPU_PYTHON} ({CPU_BASE}'s python3)"
+            facts.append(Fact("python", m.group(1), i + 1, f"`{text.strip()[:60]}`{note}"))
+            return m.group(1)
+    facts.append(Fact("python", CPU_PYTHON, None, f"not on the page: {CPU_BASE}'s python3", default=True))
+    return None
+
+
+_CUDA = re.compile(r"""torch\.device\(\s*['"]cuda|\.cuda\(|\.to\(\s*['"]cuda|device\s*=\s*['"]cuda"""
+                   r"""|['"]cuda(?::\d+)?['"]|torch\.cuda\.(?!is_available)""")
+
+
+def _cuda(script: str, chosen: Block, facts: list[Fact]) -> tuple[bool, bool]:
+    uses = [i for i, ln in enumerate(script.splitlines()) if _CUDA.search(ln.split("#", 1)[0])]
+    if not uses:
+        facts.append(Fact("cuda", "not needed", chosen.line, "the script names no CUDA device"))
+        return False, False
+    lines = script.splitlines()
+    optional = all("is_available()" in lines[i] for i in uses)
+    first = chosen.line + uses[0]
+    if optional:
+        facts.append(Fact("cuda", "optional", first, "every CUDA use is behind torch.cuda.is_available(): a GPU "
+                          "scenario and a CPU variant"))
+        return True, True
+    facts.append(Fact("cuda", "needed", first, f"`{lines[uses[0]].strip()[:70]}`: a GPU scenario; no CPU variant, "
+                      "the script does not run unchanged without CUDA"))
+    return True, False
+
+
+# ----------------------------------------------------------------------------- pip
+
+_PYPI = {"PIL": "pillow", "sklearn": "scikit-learn", "cv2": "opencv-python-headless", "yaml": "pyyaml",
+         "skimage": "scikit-image", "attr": "attrs", "google.protobuf": "protobuf", "Crypto": "pycryptodome"}
+_SHIPPED = {"torch", "torchgen", "functorch", "triton", "numpy", "typing_extensions", "sympy", "networkx",
+            "jinja2", "filelock", "fsspec", "setuptools"}
+
+
+def _pip(lines: list[str], script: str, torch_v: str, facts: list[Fact], fixups: list[str]) -> list[str]:
+    pins = _page_pins(lines)
+    modules = _imports(script)
+    reqs: list[str] = []
+    numpy = _numpy(pins, torch_v, facts, fixups)
+    reqs.append(numpy)
+    for mod in sorted(modules):
+        if mod in _SHIPPED or mod in sys.stdlib_module_names:
+            continue
+        name = _PYPI.get(mod, mod).replace("_", "-")
+        if name in ("torchvision", "torchaudio"):
+            pinned = _companion(name, torch_v)
+            facts.append(Fact("pip", pinned, None,
+                              f"the script imports {mod}; the release that goes with torch {torch_v}"))
+            reqs.append(pinned)
+            continue
+        page = pins.get(name.lower())
+        if page:
+            facts.append(Fact("pip", f"{name}=={page[0]}", page[1],
+                              f"the script imports {mod}, pinned as the page pins it"))
+            reqs.append(f"{name}=={page[0]}")
+        else:
+            facts.append(Fact("pip", name, None, f"the script imports {mod}; the page pins no version"))
+            reqs.append(name)
+    return reqs
+
+
+def _page_pins(lines: list[str]) -> dict[str, tuple[str, int]]:
+    pins: dict[str, tuple[str, int]] = {}
+    for i, text in enumerate(lines):
+        m = re.match(r"\s*\[(?:pip3?|conda)\]\s*([A-Za-z0-9_.-]+)\s*(?:==|\s)\s*(\d[\w.+!-]*)", text)
+        if m and m.group(1).lower() not in pins:
+            pins[m.group(1).lower().replace("_", "-")] = (m.group(2), i + 1)
+    return pins
+
+
+def _numpy(pins, torch_v, facts, fixups) -> str:
+    old_torch = Version(torch_v) < Version("2.3.0")
+    page = pins.get("numpy")
+    if page:
+        if old_torch and Version(page[0].split("+")[0]) >= Version("2"):
+            fixups.append(f"pip: numpy<2 instead of the page's numpy=={page[0]} (line {page[1]}): torch {torch_v} "
+                          "was built against NumPy 1.x")
+            return "numpy<2"
+        facts.append(Fact("pip", f"numpy=={page[0]}", page[1], "pinned as the page pins it"))
+        return f"numpy=={page[0]}"
+    req = "numpy<2" if old_torch else "numpy"
+    facts.append(Fact("pip", req, None, "torch imports it when present" + (f"; torch {torch_v} needs NumPy 1.x"
+                                                                            if old_torch else ""), default=True))
+    return req
+
+
+def _companion(name: str, torch_v: str) -> str:
+    major, minor, patch = (Version(torch_v).release + (0, 0))[:3]
+    if major != 2:
+        return name
+    if name == "torchvision":
+        return f"torchvision==0.{minor + 15}.{2 if (minor, patch) == (0, 1) else patch}"
+    return f"torchaudio=={torch_v if (minor, patch) != (0, 1) else '2.0.2'}"
+
+
+def _imports(script: str) -> set[str]:
+    tree = ast.parse(script)
+    mods: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            mods.add(node.module.split(".")[0])
+    return mods
+
+
+# ----------------------------------------------------------------------------- the expectation
+
+_EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Warning|Exit|Interrupt|Unsupported|Failed|"
+                       r"Exception\w*))(?::\s?(.*))?$")
+_SIGNALS = ((re.compile(r"(?i)segmentation fault|SIGSEGV|segfault"), 139, "a segmentation fault"),
+            (re.compile(r"(?i)floating point exception|SIGFPE"), 136, "a floating point exception (SIGFPE)"),
+            (re.compile(r"(?i)\bAborted\b|IOT instruction|SIGABRT"), 134, "an abort (SIGABRT)"),
+            (re.compile(r"(?i)illegal instruction|SIGILL"), 132, "an illegal instruction (SIGILL)"))
+
+
+def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str, object]:
+    for i, text in enumerate(lines):
+        if re.search(r"\bpython3?(?:\.\d+)?\s+(?:-W\s*error|-Werror)\b|PYTHONWARNINGS=error", text):
+            env["PYTHONWARNINGS"] = "error"
+            fixups.append(f"env: PYTHONWARNINGS=error: the page ran Python with warnings as errors (line {i + 1})")
+            break
+    exc = _page_exception(lines, found)
+    if exc:
+        text, line = exc
+        facts.append(Fact("expect", f"traceback_contains: {text!r}", line, "the final exception line of the "
+                          "page's traceback"))
+        kind = text.split(":", 1)[0]
+        filtered = re.search(r"simplefilter\(\s*['\"]error|filterwarnings\(\s*['\"]error", script)
+        if kind.endswith("Warning") and "PYTHONWARNINGS" not in env and not filtered:
+            action = f"error::{kind}" if kind in dir(builtins) else "error"
+            env["PYTHONWARNINGS"] = action
+            fixups.append(f"env: PYTHONWARNINGS={action}, because the page's error is a {kind} raised as an "
+                          "exception (the page ran with warnings turned into errors)")
+        return {"traceback_contains": text}
+    named = _title_or_comment_exception(page, chosen)
+    if named:
+        text, line, how = named
+        facts.append(Fact("expect", f"traceback_contains: {text!r}", line, how))
+        return {"traceback_contains": text}
+    crash = _crash(found, chosen, page)
+    if crash:
+        code, words, line = crash
+        facts.append(Fact("expect", f"exit_code: {code}", line, f"the page shows {words}"))
+        return {"exit_code": code}
+    gb = _graph_break_claim(page, lines, found, script)
+    if gb:
+        facts.append(Fact("expect", "graph_breaks_min: 1", gb[1], gb[0]))
+        return {"graph_breaks_min": 1}
+    out = _page_output(found, chosen, script)
+    if out:
+        text, line = out
+        facts.append(Fact("expect", f"stdout_contains_normalized: {text!r}", line,
+                          "the page's printed output, compared with whitespace normalized"))
+        return {"stdout_contains_normalized": text}
+    said = _comment_output(chosen)
+    if said:
+        text, line = said
+        facts.append(Fact("expect", f"stdout_contains_normalized: {text!r}", line,
+                          "the output the script's comment says it printed"))
+        return {"stdout_contains_normalized": text}
+    warned = _page_warning(found, lines)
+    if warned:
+        text, line = warned
+        facts.append(Fact("expect", f"stderr_contains: {text!r}", line, "the warning the page's log shows"))
+        return {"stderr_contains": text}
+    own = _script_check(script)
+    if own:
+        facts.append(Fact("expect", f"traceback_contains: {own!r}", chosen.line, "the script's own check"))
+        return {"traceback_contains": own}
+    facts.append(Fact("expect", "exit_code: 1", None, "no traceback, crash or output on the page and no check in "
+                      "the script: reproduced when the script fails", default=True))
+    return {"exit_code": 1}
+
+
+def _page_exception(lines: list[str], found: list[Block]) -> tuple[str, int] | None:
+    """The final exception line of the first complete traceback in the page's code blocks (or in its
+    text, for pages that paste logs unfenced), cut to its stable part."""
+    expected = [b for b in found if re.search(r"(?i)expect", b.label)]  # what should happen, not what did
+    in_blocks = [(b.line - 1, b.end_line) for b in found
+                 if b not in expected and (b.kind is not Kind.SCRIPT or b.prompts)]
+    for start, end in in_blocks:
+        hit = _exception_in(lines, start, end)
+        if hit:
+            return hit
+    skip = {i for b in expected for i in range(b.line - 1, b.end_line)}
+    prose = [ln if i not in skip else "" for i, ln in enumerate(lines)]
+    hit = _exception_in(prose, 0, len(prose))
+    if hit:
+        return hit
+    for b in found:  # a pasted tail of a traceback: `    raise ValueError(...)` then `ValueError: ...`
+        if b.kind in (Kind.OUTPUT, Kind.TRACEBACK):
+            for k, text in reversed(list(enumerate(b.text.splitlines()))):
+                m = _EXC_LINE.match(text.strip()) if text and not text.startswith((" ", "\t")) else None
+                if m and re.search(r"Error|Exception|Unsupported|exc\.", m.group(1)):
+                    return _stable(m.group(1), m.group(2) or "", b.text.splitlines(), k), b.line + k
+    return None
+
+
+def _title_or_comment_exception(page: IssuePage, chosen: Block) -> tuple[str, int | None, str] | None:
+    """An exception named in the script's comments (`# raises Unsupported: ...`) or in the title
+    (`CppCompileError: C++ compile error`)."""
+    for k, text in enumerate(chosen.code.splitlines()):
+        if "#" not in text:
+            continue
+        comment = text.split("#", 1)[1].strip()
+        comment = re.sub(r"^(?:raises|error|fails with|gives)[:\s]+", "", comment, flags=re.I)
+        m = _EXC_LINE.match(comment)
+        if m and m.group(2) and re.search(r"Error|Exception|Unsupported", m.group(1)):
+            return (_stable(m.group(1), m.group(2), [], 0), chosen.line + k,
+                    "an exception named in the script's comments")
+    if page.title:
+        m = re.search(r"`?([A-Za-z_][\w.]*(?:Error|Exception|Unsupported))(?::\s*([^`]+))?`?", page.title)
+        if m and m.group(2):
+            return _stable(m.group(1), m.group(2).strip(), [], 0), None, "the exception the title names"
+    return None
+
+
+_COMMENT_OUTPUT = re.compile(r"#\s*(?:got|gets|returns|outputs?|prints)[:\s]+(.+?)"
+                             r"(?:,?\s*(?:but|it should|should|expected|instead)\b.*)?$", re.I)
+
+
+def _comment_output(chosen: Block) -> tuple[str, int] | None:
+    """Output written as a comment of the script: `print(b)  # got tensor(28.), it should be 36`."""
+    for k, text in enumerate(chosen.code.splitlines()):
+        m = _COMMENT_OUTPUT.search(text)
+        if m and len(m.group(1).strip().rstrip(",.;")) >= 3:
+            return " ".join(m.group(1).strip().rstrip(",;").split()), chosen.line + k
+    return None
+
+
+def _page_warning(found: list[Block], lines: list[str]) -> tuple[str, int] | None:
+    """A warning the page's log shows (`[WARNING] ...`, `UserWarning: ...`), for stderr."""
+    for i, text in enumerate(lines):
+        m = re.search(r"\[WARNING\]\s*(.+)$|\b(\w*Warning): (.+)$", text)
+        if m:
+            message = m.group(1) or f"{m.group(2)}: {m.group(3)}"
+            message = re.split(r"0x[0-9a-fA-F]{6,}|<bound method", message)[0].strip() or message
+            return message[:100].strip(), i + 1
+    return None
+
+
+def _exception_in(lines: list[str], start: int, end: int) -> tuple[str, int] | None:
+    i = start
+    while i < end:
+        if lines[i].lstrip().startswith("Traceback (most recent call last)"):
+            j = i + 1
+            while j < end:
+                text = lines[j].rstrip()
+                bare = re.sub(r"^\[rank\d+\]:\s*|^\s*[WE]\d{4} [\d:. ]+\d+ [\w/.]+:\d+\]\s*(\[[^\]]*\]\s*)*", "", text)
+                m = _EXC_LINE.match(bare.strip()) if bare and not bare.startswith((" ", "\t")) else None
+                if m and m.group(1) != "Traceback":
+                    return _stable(m.group(1), m.group(2) or "", lines, j), j + 1
+                j += 1
+            i = j
+        i += 1
+    return None
+
+
+def _stable(kind: str, message: str, lines: list[str], at: int) -> str:
+    short = kind.rsplit(".", 1)[-1]
+    if short in ("BackendCompilerFailed", "InductorError") or message.rstrip().endswith("raised:"):
+        nxt = next((ln.strip() for ln in lines[at + 1:at + 4] if ln.strip()), "")
+        if m := _EXC_LINE.match(nxt):
+            short, message = m.group(1).rsplit(".", 1)[-1], m.group(2) or ""
+    message = re.split(r"0x[0-9a-fA-F]{6,}|(?:/[\w.-]+){2,}|\bline \d+|\bat index \(|tensor\(", message)[0]
+    message = message.strip().rstrip(":,;( ")
+    if len(message) > 100:
+        cut = message[:100].rsplit(" ", 1)[0]
+        message = cut if len(cut) > 30 else message[:100]
+    return f"{short}: {message}" if message else short
+
+
+def _crash(found: list[Block], chosen: Block, page: IssuePage):
+    pools = [(b.text, b.line) for b in found if b.kind in (Kind.OUTPUT, Kind.TRACEBACK)]
+    pools += [("\n".join(ln for ln in chosen.code.splitlines() if ln.lstrip().startswith("#") or " # " in ln),
+               chosen.line)]
+    pools += [(page.title or "", None)]
+    for text, line in pools:
+        hits = [(m.start(), code, words) for pattern, code, words in _SIGNALS if (m := pattern.search(text))]
+        if hits:
+            _, code, words = min(hits)
+            return code, words, line
+    return None
+
+
+_FLOAT = re.compile(r"-?\d+\.\d+(e[-+]?\d+)?|\bnan\b|\binf\b")
+
+
+def _graph_break_claim(page: IssuePage, lines: list[str], found: list[Block], script: str):
+    """The page says the compiled code graph-breaks (and shows no error): at least one graph break."""
+    if not re.search(r"torch\.compile|torch\._dynamo", script):
+        return None
+    if page.title and re.search(r"(?i)graph[- ]?break", page.title):
+        return "the title reports a graph break", None
+    in_code = {i for b in found for i in range(b.line - 1, b.end_line)}
+    for i, text in enumerate(lines):
+        claim = re.search(r"(?i)\b(causes?|gives?|there is|hits?|leads? to) (a )?graph[- ]?break", text)
+        if i not in in_code and claim:
+            return "the page reports a graph break", i + 1
+    return None
+
+
+def _page_output(found: list[Block], chosen: Block, script: str):
+    random = re.search(r"\b(rand|randn|randint|rand_like|randn_like|normal_|uniform_|dropout)\b", script) and \
+        "manual_seed" not in script
+    for b in found:
+        if b.index <= chosen.index or b.kind is not Kind.OUTPUT:
+            continue
+        if re.search(r"(?i)expect", b.label):
+            continue  # what should be printed, not what was
+        code_like = re.search(r"^\s*(import|from) \w", b.text, re.M)
+        if b.info in ("cpp", "c", "c++", "diff", "json", "yaml", "cuda") or code_like or "Traceback" in b.text:
+            continue  # code, or a traceback cut short: not printed output
+        body = [ln.strip() for ln in b.text.splitlines() if ln.strip()]
+        candidates = [ln for ln in body if not (random and _FLOAT.search(ln))]
+        if not candidates:
+            continue
+        pick = candidates[-1]
+        offset = next(k for k, ln in enumerate(b.text.splitlines()) if ln.strip() == pick)
+        return " ".join(pick.split()), b.line + offset
+    return None
+
+
+def _script_check(script: str) -> str | None:
+    tree = ast.parse(script)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+            args = node.exc.args
+            msg = _const(args[0]) if args else None
+            return f"{node.exc.func.id}: {msg}" if msg else node.exc.func.id
+        if isinstance(node, ast.Assert):
+            msg = _const(node.msg) if node.msg is not None else None
+            return f"AssertionError: {msg}" if msg else "AssertionError"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("assert_close", "assert_allclose", "assert_equal", "assert_array_equal"):
+            return "AssertionError"
+    return None
+
+
+def _const(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.strip()[:100] or None
+    if isinstance(node, ast.JoinedStr):
+        parts = [v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+        text = "".join(parts).strip()
+        if len(text) >= 3 and len(parts) == len(node.values):
+            return text[:100]
+        return parts[0].strip()[:100] if parts and len(parts[0].strip()) >= 3 else None
+    return None
+
+
+def created_or_none(page: IssuePage) -> date | None:
+    return page.created

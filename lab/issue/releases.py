@@ -1,0 +1,72 @@
+"""torch releases and the day each reached PyPI (the first upload of its files), to pick the release
+that was current on an issue's date and the release before a source build or a nightly.
+
+Read from https://pypi.org/pypi/torch/json on 2026-11-25. A release newer than this table is still
+usable with --torch; the table only feeds the inference."""
+
+from __future__ import annotations
+
+from datetime import date
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["RELEASES", "MIN_CP311", "MIN_COMPILE", "newest", "on_date", "before", "normalize"]
+
+RELEASES: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v, d in (
+    ("1.13.0", "2022-10-28"), ("1.13.1", "2022-12-15"), ("2.0.0", "2023-03-15"), ("2.0.1", "2023-05-08"),
+    ("2.1.0", "2023-10-04"), ("2.1.1", "2023-11-15"), ("2.1.2", "2023-12-14"), ("2.2.0", "2024-01-30"),
+    ("2.2.1", "2024-02-22"), ("2.2.2", "2024-03-27"), ("2.3.0", "2024-04-24"), ("2.3.1", "2024-06-05"),
+    ("2.4.0", "2024-07-24"), ("2.4.1", "2024-09-04"), ("2.5.0", "2024-10-17"), ("2.5.1", "2024-10-29"),
+    ("2.6.0", "2025-01-29"), ("2.7.0", "2025-04-23"), ("2.7.1", "2025-06-04"), ("2.8.0", "2025-08-06"),
+    ("2.9.0", "2025-10-15"), ("2.9.1", "2025-11-12"), ("2.10.0", "2026-01-21"), ("2.11.0", "2026-03-23"),
+    ("2.12.0", "2026-05-13"), ("2.12.1", "2026-06-17"), ("2.13.0", "2026-07-08"), ("2.14.0", "2026-09-02"),
+    ("2.14.1", "2026-09-30"), ("2.15.0", "2026-10-28"),
+))
+MIN_CP311 = "1.13.0"   # the first torch with CPython 3.11 wheels (debian:bookworm's python3)
+MIN_COMPILE = "2.0.0"  # the first with torch.compile and torch._dynamo
+
+
+def newest() -> str:
+    return RELEASES[-1][0]
+
+
+def on_date(day: date) -> str | None:
+    """The newest release published on or before `day` (None before the table starts)."""
+    found = [v for v, d in RELEASES if d <= day]
+    return found[-1] if found else None
+
+
+def before(version: str) -> str | None:
+    """The newest release older than `version`'s release (2.2.0a0+git... -> 2.1.2)."""
+    target = Version(Version(version).base_version)
+    found = [v for v, _ in RELEASES if Version(v) < target]
+    return found[-1] if found else None
+
+
+def normalize(text: str) -> tuple[str, str | None]:
+    """(a release of the table, why it differs from `text` or None). Local labels (+cpu, +cu121) are
+    dropped; a pre-release, nightly or source build becomes the release before it; 2.1 becomes its
+    newest patch release; a version newer than the table becomes the newest release."""
+    try:
+        v = Version(text)
+    except InvalidVersion:
+        return newest(), f"{text!r} is not a version"
+    known = {Version(r): r for r, _ in RELEASES}
+    public = Version(v.public)
+    if public.is_prerelease or public.is_devrelease:
+        prior = before(text)
+        kind = "a source build" if "git" in (v.local or "") or public.pre else "a nightly"
+        if prior is None:
+            return RELEASES[0][0], f"{text} is {kind}; no release before it in the table"
+        return prior, f"{text} is {kind} of {public.base_version}: the release before it"
+    same_minor = [r for r, _ in RELEASES if Version(r).release[:2] == public.release[:2]]
+    if len(public.release) == 2 and same_minor:
+        return same_minor[-1], f"{text} names no patch release: its newest, {same_minor[-1]}"
+    if public in known:
+        return known[public], (f"{text} without its local label" if v.local else None)
+    if public > Version(newest()):
+        return newest(), f"{text} is newer than the releases the lab knows: the newest, {newest()}"
+    older = [r for r, _ in RELEASES if Version(r) <= public]
+    if older:
+        return older[-1], f"{text} is not a release on PyPI: the nearest older one"
+    return RELEASES[0][0], f"{text} is older than any release with wheels for the lab's Python"

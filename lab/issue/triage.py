@@ -1,0 +1,210 @@
+"""`lab triage SOURCE`: from-issue, a run on the page's version and arch, a run on the newest release
+for that arch when it reproduced, a bisection when the two verdicts differ, then the comparison of the
+boundary and a comment ready to paste. Each step is recorded in `triage.json` as it ends, so a second
+`lab triage` with the same source and folder goes on where the first stopped.
+
+The steps are callables handed in by the CLI (a run, a bisection, the newest release, the comparison),
+so tests drive the whole chain with fakes."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["RunStep", "BisectStep", "TriageState", "compare_seam", "run_triage", "summary_lines"]
+
+STATE_FILE = "triage.json"
+STATE_FORMAT = 1
+
+
+@dataclass
+class RunStep:
+    torch: str
+    arch: str
+    verdict: str
+    reason: str = ""
+    run_dir: str | None = None
+
+
+@dataclass
+class BisectStep:
+    status: str
+    last_old: str | None = None
+    first_new: str | None = None
+    folder: str | None = None
+    summary: str = ""
+
+
+@dataclass
+class TriageState:
+    source: str
+    scenario: str | None = None        # the YAML the lab runs (the CPU variant of a GPU page)
+    name: str | None = None
+    upstream: str | None = None
+    page_run: RunStep | None = None
+    newest_run: RunStep | None = None
+    bisect: BisectStep | None = None
+    compare: dict = field(default_factory=dict)
+    comment: str | None = None
+    format: int = STATE_FORMAT
+
+    @classmethod
+    def load(cls, path: Path, source: str) -> TriageState:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return cls(source=source)
+        if data.get("format") != STATE_FORMAT or data.get("source") != source:
+            return cls(source=source)
+        state = cls(source=source, scenario=data.get("scenario"), name=data.get("name"),
+                    upstream=data.get("upstream"), compare=data.get("compare") or {}, comment=data.get("comment"))
+        for key, kind in (("page_run", RunStep), ("newest_run", RunStep), ("bisect", BisectStep)):
+            if isinstance(data.get(key), dict):
+                setattr(state, key, kind(**data[key]))
+        return state
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".triage.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(asdict(self), f, indent=2)
+        os.replace(tmp, path)
+
+
+Run = Callable[[str, str, str], RunStep]                  # (scenario yaml, torch, arch)
+Bisect = Callable[[str, str, str, str], BisectStep]       # (scenario yaml, old, new, arch)
+Compare = Callable[[TriageState], dict]
+
+
+def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], tuple[str, str, str | None, str, str]],
+               run: Run, bisect: Bisect, newest: Callable[[str], str], compare: Compare,
+               note: Callable[[str, str], None] = lambda step, msg: None) -> TriageState:
+    """Every step not yet in `state`, saving it after each. `make_scenario` gives (yaml, name,
+    upstream, torch, arch) of the written scenario."""
+    path = folder / STATE_FILE
+    if state.scenario is None or not Path(state.scenario).is_file():
+        yaml_path, name, upstream, torch, arch = make_scenario()
+        state.scenario, state.name, state.upstream = yaml_path, name, upstream
+        state.page_run = state.newest_run = state.bisect = None
+        state.save(path)
+        note("from-issue", f"wrote {yaml_path} (torch {torch}, {arch})")
+    else:
+        note("from-issue", f"{state.scenario} (from the earlier triage)")
+    from lab.scenario.schema import load_scenario
+    scenario = load_scenario(state.scenario)
+    torch, arch = scenario.torch[0], scenario.arch[0].value
+    if state.page_run is None:
+        note("run", f"the page's case: torch {torch}, {arch}")
+        state.page_run = run(state.scenario, torch, arch)
+        state.save(path)
+    else:
+        note("run", f"torch {torch}: {state.page_run.verdict} (from the earlier triage)")
+    if state.page_run.verdict != "reproduced":
+        return _finish(state, path, compare)
+    latest = newest(arch)
+    if state.newest_run is None or state.newest_run.torch != latest:
+        if latest == state.page_run.torch:
+            state.newest_run = state.page_run
+        else:
+            note("run", f"the newest release for {arch}: torch {latest}")
+            state.newest_run = run(state.scenario, latest, arch)
+        state.save(path)
+    if state.newest_run.verdict in ("reproduced", "error", "timeout") or state.newest_run.torch == state.page_run.torch:
+        return _finish(state, path, compare)
+    if state.bisect is None:
+        note("bisect", f"between {state.page_run.torch} and {state.newest_run.torch}")
+        state.bisect = bisect(state.scenario, state.page_run.torch, state.newest_run.torch, arch)
+        state.save(path)
+    return _finish(state, path, compare)
+
+
+def _finish(state: TriageState, path: Path, compare: Compare) -> TriageState:
+    state.compare = compare(state)
+    state.comment = comment_text(state)
+    state.save(path)
+    (path.parent / "comment.md").write_text(state.comment, encoding="utf-8")
+    return state
+
+
+def compare_seam(runner: Callable[[str, str], dict] | None = None) -> Compare:
+    """The compare and comment step of `lab compare` (issue 13), when that module is installed:
+    `lab.compare.compare_runs(old_run_dir, new_run_dir)` giving a dict with `text` and optionally
+    `comment`. Without it, the step says it is unavailable and the triage writes what it knows."""
+    def step(state: TriageState) -> dict:
+        if state.page_run is None or state.newest_run is None or state.page_run is state.newest_run \
+                or not (state.page_run.run_dir and state.newest_run.run_dir):
+            return {"available": None, "why": "nothing to compare: the triage has no two runs that differ"}
+        fn = runner
+        if fn is None and importlib.util.find_spec("lab.compare") is not None:
+            fn = getattr(importlib.import_module("lab.compare"), "compare_runs", None)
+        if fn is None:
+            return {"available": False, "why": "the compare step is unavailable: `lab compare` (issue 13) is "
+                                               "not in this lab yet; the comment holds what the triage knows"}
+        old = state.bisect.last_old if state.bisect and state.bisect.last_old else state.page_run.torch
+        new = state.bisect.first_new if state.bisect and state.bisect.first_new else state.newest_run.torch
+        result = fn(state.page_run.run_dir, state.newest_run.run_dir)
+        found = result if isinstance(result, dict) else {"text": str(result)}
+        return {"available": True, "old": old, "new": new, **found}
+    return step
+
+
+def summary_lines(state: TriageState) -> list[str]:
+    """The answer in plain words: reproduced or not, where, fixed or not, in which release."""
+    page = state.page_run
+    if page is None:
+        return ["not run yet"]
+    where = f"torch {page.torch} on {page.arch}"
+    if page.verdict != "reproduced":
+        word = {"not_reproduced": "NOT reproduced", "error": "no verdict (error)",
+                "timeout": "no verdict (timeout)"}.get(page.verdict, page.verdict)
+        return [f"{word} on {where}, the version the page names: {page.reason}".rstrip(": "),
+                "Nothing to bisect: the triage stops here."]
+    lines = [f"Reproduced on {where}, the version the page names."]
+    new = state.newest_run
+    if new is None:
+        return lines
+    if new is page:
+        lines.append(f"torch {page.torch} is the newest release for {page.arch}: still present there, not fixed.")
+        return lines
+    if new.verdict == "reproduced":
+        lines.append(f"Still reproduced on torch {new.torch}, the newest release for {new.arch}: NOT fixed.")
+    elif new.verdict == "not_reproduced":
+        lines.append(f"Not reproduced on torch {new.torch}, the newest release for {new.arch}: fixed.")
+        b = state.bisect
+        if b and b.status == "found" and b.first_new:
+            lines.append(f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old}).")
+        elif b:
+            lines.append(f"The bisection did not find the release: {b.status}. {b.summary}".strip())
+    else:
+        lines.append(f"No verdict on torch {new.torch} ({new.verdict}: {new.reason}), so fixed or not is unknown.")
+    return lines
+
+
+def comment_text(state: TriageState) -> str:
+    """A comment for the upstream issue: the answer, the runs, and how to repeat them."""
+    out = ["### Triage by torch-repro-lab", ""]
+    out += [f"- {s}" for s in summary_lines(state)]
+    out += ["", "| torch | arch | verdict |", "|---|---|---|"]
+    for step in (state.page_run, state.newest_run if state.newest_run is not state.page_run else None):
+        if step:
+            out.append(f"| {step.torch} | {step.arch} | {step.verdict} |")
+    if state.bisect and state.bisect.status == "found":
+        out.append(f"| {state.bisect.last_old} | | last with the old behaviour |")
+        out.append(f"| {state.bisect.first_new} | | first with the new behaviour |")
+    cmp = state.compare or {}
+    if cmp.get("available") and cmp.get("comment"):
+        out += ["", str(cmp["comment"])]
+    elif cmp.get("available") and cmp.get("text"):
+        out += ["", "<details><summary>comparison of the boundary</summary>", "", "```", str(cmp["text"]), "```",
+                "", "</details>"]
+    elif cmp.get("why"):
+        out += ["", f"_{cmp['why']}_"]
+    out += ["", "<details><summary>reproduce</summary>", "", "```", f"lab triage {state.source}", "```",
+            "", "</details>", ""]
+    return "\n".join(out)

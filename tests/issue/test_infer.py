@@ -1,0 +1,130 @@
+"""What `lab new --from-issue` infers from each real page of the corpus (tests/data/issues/), against
+what was recorded by hand from reading the page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lab.issue.fetch import IssueError, fetch_issue
+from lab.issue.infer import infer
+from lab.issue.parse import Kind, blocks
+from lab.issue.releases import before, normalize, on_date
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "issues"
+PAGES = json.loads((CORPUS / "corpus.json").read_text())["pages"]
+
+
+def test_the_corpus_has_thirty_real_pages_with_their_urls():
+    assert len(PAGES) >= 30
+    for p in PAGES:
+        text = (CORPUS / p["file"]).read_text()
+        assert p["url"] in text and p["url"].startswith("https://github.com/pytorch/pytorch/")
+    kinds = " ".join(p["kind"] for p in PAGES)
+    for kind in ("dynamo", "inductor", "eager", "aarch64", "warning"):
+        assert kind in kinds
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p["id"] for p in PAGES])
+def test_inference_matches_the_hand_record(page):
+    got = fetch_issue(str(CORPUS / page["file"]))
+    if "error" in page["expected"]:
+        with pytest.raises(IssueError):
+            infer(got)
+        return
+    inf = infer(got)
+    assert inf.torch == page["expected"]["torch"]
+    assert inf.arch.value == page["arch"] or inf.gpu
+    assert list(inf.expect) == [page["expected"]["expect"]]
+    assert inf.script.strip()
+    compile(inf.script, page["file"], "exec")  # the script parses; it never runs here
+    for fact in inf.facts:
+        assert fact.line is None or 1 <= fact.line <= len(got.lines)
+
+
+def _inf(page_id: str):
+    return infer(fetch_issue(str(CORPUS / f"{page_id}.md")))
+
+
+def test_source_build_takes_the_release_before_it():
+    inf = _inf("102258")
+    assert inf.torch == "2.0.1" and inf.arch.value == "arm64"
+    fact = inf.fact("torch")
+    assert fact.line == 30 and "2.1.0a0+gita8ea417" in fact.how and "release before" in fact.how
+    assert inf.expect == {"stdout_contains_normalized": "tensor(28.)"}
+
+
+def test_no_versions_section_takes_the_release_of_the_issue_date():
+    inf = _inf("146538")
+    assert inf.torch == "2.6.0" and inf.fact("torch").line is None and "2025-02-05" in inf.fact("torch").how
+    assert inf.expect["traceback_contains"].startswith("Unsupported: call_function BuiltinVariable(or_)")
+
+
+def test_missing_imports_are_added_and_recorded():
+    inf = _inf("141283")
+    assert inf.script.splitlines()[0] == "import torch"
+    assert any("import torch" in f for f in inf.fixups)
+
+
+def test_a_class_block_and_its_usage_block_are_joined():
+    inf = _inf("96459")
+    assert "class Model" in inf.script and "torch.compile(Model())" in inf.script
+    assert inf.script.index("class Model") < inf.script.index("torch.compile(Model())")
+
+
+def test_the_script_not_the_minified_repro_is_chosen():
+    inf = _inf("93380")
+    assert "load_config" not in inf.script and "def fn(v0, v2)" in inf.script
+    assert inf.torch == "2.0.0" and any("torch.compile" in f for f in inf.fixups)
+
+
+def test_printed_output_is_compared_with_whitespace_normalized():
+    assert _inf("105264").expect == {"stdout_contains_normalized": "tensor(256, dtype=torch.int16)"}
+    assert _inf("183082").expect == {"stdout_contains_normalized": "compiled = 13"}
+
+
+def test_traceback_tail_gives_the_final_exception():
+    inf = _inf("118087")
+    assert inf.expect == {"traceback_contains": "ValueError: diff value"} and inf.torch == "2.2.2"
+
+
+def test_a_warning_raised_as_error_sets_pythonwarnings():
+    inf = _inf("44371")
+    assert inf.env == {"PYTHONWARNINGS": "error"}
+    assert inf.expect["traceback_contains"].startswith("SystemError: <built-in method range")
+    assert "torch.range(1, 3)" in inf.script and ">>>" not in inf.script
+
+
+def test_crashes_become_exit_codes():
+    assert _inf("94695").expect == {"exit_code": 139}
+    assert _inf("184406").expect == {"exit_code": 136}
+
+
+def test_cuda_only_script_gives_a_gpu_scenario_without_cpu_variant():
+    inf = _inf("18948")
+    assert inf.gpu and not inf.cpu_variant
+    assert _inf("65416").gpu
+
+
+def test_a_page_without_code_is_refused_in_one_paragraph():
+    with pytest.raises(IssueError) as e:
+        infer(fetch_issue(str(CORPUS / "108747.md")))
+    assert "no code block" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_blocks_keep_page_lines_and_kinds():
+    page = fetch_issue(str(CORPUS / "105264.md"))
+    found = blocks(page.lines)
+    assert [b.kind for b in found][:3] == [Kind.SCRIPT, Kind.OUTPUT, Kind.OUTPUT]
+    assert page.lines[found[0].line - 1].strip() == "import torch"
+
+
+def test_release_rules():
+    from datetime import date
+    assert before("2.2.0a0+git1234") == "2.1.2"
+    assert normalize("2.4.0+cpu") == ("2.4.0", "2.4.0+cpu without its local label")
+    assert normalize("2.1")[0] == "2.1.2"
+    assert on_date(date(2024, 10, 20)) == "2.5.0"
+    assert normalize("9.0.0")[0] == normalize("9.0.0")[0]

@@ -1,0 +1,75 @@
+"""The triage chain with fakes for the runs, the bisection and the newest release: the steps, the
+answer in words, resuming from triage.json, and the compare seam."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run_triage, summary_lines
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "issues"
+
+
+def _make(tmp_path: Path):
+    from lab.issue.fetch import fetch_issue
+    from lab.issue.infer import infer
+    from lab.issue.write import write_inference
+
+    def make():
+        inf = infer(fetch_issue(str(CORPUS / "147282.md")))
+        w = write_inference(inf, tmp_path / "sc", force=True)
+        return str(w.yaml), w.scenario.name, inf.page.url, inf.torch, inf.arch.value
+    return make
+
+
+def test_reproduced_then_fixed_then_bisected(tmp_path):
+    calls = []
+
+    def run(yaml, torch, arch):
+        calls.append(("run", torch))
+        return RunStep(torch, arch, "reproduced" if torch == "2.5.1" else "not_reproduced", run_dir=f"/r/{torch}")
+
+    def bisect(yaml, old, new, arch):
+        calls.append(("bisect", old, new))
+        return BisectStep("found", last_old="2.6.0", first_new="2.7.0", summary="")
+
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path), run=run,
+                       bisect=bisect, newest=lambda arch: "2.15.0", compare=compare_seam())
+    assert calls == [("run", "2.5.1"), ("run", "2.15.0"), ("bisect", "2.5.1", "2.15.0")]
+    words = " ".join(summary_lines(state))
+    assert "Reproduced on torch 2.5.1 on amd64" in words and "fixed" in words and "Fixed in torch 2.7.0" in words
+    assert state.compare["available"] is False and "issue 13" in state.compare["why"]
+    assert (tmp_path / "t" / "comment.md").read_text().startswith("### Triage by torch-repro-lab")
+    # a second triage resumes: nothing runs again
+    again = run_triage(TriageState.load(tmp_path / "t" / "triage.json", "p"), tmp_path / "t",
+                       make_scenario=_make(tmp_path), run=lambda *a: 1 / 0, bisect=lambda *a: 1 / 0,
+                       newest=lambda arch: "2.15.0", compare=compare_seam())
+    assert again.bisect.first_new == "2.7.0"
+
+
+def test_not_reproduced_stops_after_the_first_run(tmp_path):
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path),
+                       run=lambda y, t, a: RunStep(t, a, "not_reproduced", reason="stdout: not found"),
+                       bisect=lambda *a: 1 / 0, newest=lambda arch: 1 / 0, compare=compare_seam())
+    assert summary_lines(state)[0].startswith("NOT reproduced on torch 2.5.1")
+
+
+def test_still_present_on_the_newest(tmp_path):
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path),
+                       run=lambda y, t, a: RunStep(t, a, "reproduced", run_dir="/r"),
+                       bisect=lambda *a: 1 / 0, newest=lambda arch: "2.15.0", compare=compare_seam())
+    assert "NOT fixed" in " ".join(summary_lines(state)) and state.bisect is None
+
+
+def test_compare_is_called_when_available(tmp_path):
+    seen = []
+
+    def fake_compare(old_dir, new_dir):
+        seen.append((old_dir, new_dir))
+        return {"text": "signature differs", "comment": "compare comment"}
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path),
+                       run=lambda y, t, a: RunStep(t, a, "reproduced" if t == "2.5.1" else "not_reproduced",
+                                                   run_dir=f"/r/{t}"),
+                       bisect=lambda *a: BisectStep("found", "2.6.0", "2.7.0"), newest=lambda arch: "2.15.0",
+                       compare=compare_seam(fake_compare))
+    assert seen == [("/r/2.5.1", "/r/2.15.0")] and "compare comment" in state.comment
