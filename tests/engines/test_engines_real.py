@@ -97,18 +97,18 @@ def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(en
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **engines.env})
     label = {"label": "org.torch-repro-lab.session"}
+
+    def ours(client, **filters) -> list[str]:  # the containers this lab process started (session "<pid>-<uuid>"),
+        return [c.name for c in client.containers.list(all=True, filters={**label, **filters})  # not another
+                if c.labels["org.torch-repro-lab.session"].startswith(f"{proc.pid}-")]        # lab's on the engine
     deadline = time.monotonic() + 600
-    while not (first.containers.list(filters={**label, "status": "running"}) and
-               second.containers.list(filters={**label, "status": "running"})):
+    while not (ours(first, status="running") and ours(second, status="running")):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the two runs never ran at once"
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    def ours(client) -> list[str]:  # the containers this lab process started (session "<pid>-<uuid>")
-        return [c.name for c in client.containers.list(all=True, filters=label)
-                if c.labels["org.torch-repro-lab.session"].startswith(f"{proc.pid}-")]
     assert ours(first) == [] and ours(second) == []
 
 
