@@ -522,7 +522,7 @@ def _quick_stat(root: Path) -> tuple[int, int]:
 def install_with_uv(job: InstallJob, prefix: Path) -> Installed:
     """Resolve with `uv pip compile` (a pylock.toml: each wheel with its sha256), then install
     exactly that. Requirements that uv cannot resolve for the target are left to pip in the image."""
-    uv = _uv_binary()
+    uv = uv_binary()
     env = job.host.uv_env(os.environ)
     env.update({"UV_CACHE_DIR": str(job.uv_cache), "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never"})
     if job.compile_bytecode:
@@ -620,7 +620,7 @@ def _cause(stderr: str) -> str:
     return text[:500]
 
 
-def _uv_binary() -> str:
+def uv_binary() -> str:
     try:
         import uv
         return uv.find_uv_bin()

@@ -42,7 +42,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from lab.build.crossinstall import SOURCE_DATE_EPOCH, _uv_binary
+from lab.build.crossinstall import SOURCE_DATE_EPOCH, uv_binary
 from lab.build.hostpip import HostPip
 from lab.build.resolve import Case
 from lab.core.cache import cache_dir
@@ -284,7 +284,7 @@ def _make_venv(case: Case, host: HostPip, base: Interpreter, entry: Path, events
         if stale.exists():
             shutil.rmtree(stale)
     entry.with_suffix(".json").unlink(missing_ok=True)
-    uv = _uv_binary()
+    uv = uv_binary()
     env = host.uv_env(os.environ)
     env.update({"UV_CACHE_DIR": str(cache_dir("uv")), "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never",
                 "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
