@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -89,11 +90,18 @@ def test_a_matrix_spreads_across_two_engines(engines, tmp_path):
 
 def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(engines, tmp_path):
     first, second = docker.from_env(), docker.DockerClient(base_url=engines.second.url)
-    for name in ("first", "second"):  # built beforehand, so the two runs start together (15 s timeout)
-        built = lab(engines, "build", str(DATA / "e2e" / "sleeper.yaml"), "--engine", name)
+    # the sleeper with a long timeout: Ctrl-C ends the runs, not their timeout, however slowly the
+    # second engine starts its container on a loaded machine
+    folder = tmp_path / "scenario"
+    folder.mkdir()
+    shutil.copy(DATA / "e2e" / "sleeper.py", folder)
+    scenario = folder / "sleeper.yaml"
+    scenario.write_text((DATA / "e2e" / "sleeper.yaml").read_text().replace("timeout: 15", "timeout: 900"))
+    for name in ("first", "second"):  # built beforehand, so the two runs start together
+        built = lab(engines, "build", str(scenario), "--engine", name)
         assert built.returncode == 0, built.stderr[-3000:]
-    proc = subprocess.Popen([*LAB, "run", str(DATA / "e2e" / "sleeper.yaml"), "--repeat", "2", "--no-diagnose",
-                             "--engine", "first", "--engine", "second", "--out", str(tmp_path)],
+    proc = subprocess.Popen([*LAB, "run", str(scenario), "--repeat", "2", "--no-diagnose",
+                             "--engine", "first", "--engine", "second", "--out", str(tmp_path / "runs")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **engines.env})
     label = {"label": "org.torch-repro-lab.session"}
@@ -133,7 +141,7 @@ def test_an_engine_that_dies_mid_bisection_hands_its_probe_to_the_other(engines,
     proc = subprocess.Popen([*LAB, *BISECT, "--engine", "first", "--engine", "second", "--out", str(tmp_path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **engines.env})
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + 1800  # the second engine builds the probe image first (its own store)
     while not second.containers.list(filters={"label": "org.torch-repro-lab.session", "status": "running"}):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no probe ever ran on the second engine"
