@@ -625,7 +625,7 @@ def comment_cmd(
     """Print a Markdown comment ready to paste into a GitHub issue (secrets scrubbed as in bundles)."""
     def body() -> None:
         from lab.compare.comment import render_comment
-        out.print(render_comment(folder), markup=False, highlight=False, soft_wrap=True)
+        out.print(render_comment(folder).rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
     _guard(body)
 
 

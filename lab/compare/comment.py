@@ -133,6 +133,11 @@ def _secrets(scenario: dict) -> dict[str, str]:
     return found
 
 
+def _masked(env: dict) -> dict[str, str]:
+    """Secret-named variables with their values already masked (the scrubbing does it again)."""
+    return {str(k): "***" if is_secret_name(str(k)) else str(v) for k, v in env.items()}
+
+
 def _where(r: RunResult) -> str:
     return f"{r.arch} ({'emulated' if r.emulated else 'native'})"
 
@@ -151,9 +156,9 @@ def _environment(r: RunResult, folder: Path, scenario: dict) -> list[str]:
              f"- torch {r.torch}{commit}, backend {r.backend or 'as the script chooses'}",
              f"- {resolved.get('platform') or r.arch}, {how}, base `{scenario.get('base', '?')}`, "
              f"Docker {r.engine.version}"]
-    env = {**(scenario.get("env") or {}), **(resolved.get("vars") or {})}
-    if env:
-        lines.append("- environment: " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items())))
+    env = _masked({**(scenario.get("env") or {}), **(resolved.get("vars") or {})})
+    if env:  # spaces around each pair: the scrubbing of `NAME=value` takes everything up to a space
+        lines.append("- environment: " + " · ".join(f"{k}={v}" for k, v in sorted(env.items())))
     facts = _collect_env(folder)
     if facts:
         lines.append("- " + "; ".join(f"{k}: {v}" for k, v in facts))
@@ -183,7 +188,7 @@ def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
         lab += ["--set", f"{key}={value}"]
     platform = resolved.get("platform") or f"linux/{r.arch}"
     base = (resolved.get("base") or {}).get("ref") or scenario.get("base") or "debian:bookworm"
-    env = {**(scenario.get("env") or {}), **(resolved.get("vars") or {})}
+    env = _masked({**(scenario.get("env") or {}), **(resolved.get("vars") or {})})
     if r.backend:
         env["LAB_BACKEND"] = r.backend
     run_env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(env.items()))
