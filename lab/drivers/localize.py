@@ -135,7 +135,7 @@ def run_bisector(case: Case, engine, tag: str, folder: Path, events: Events = no
     if source is None:
         return BisectorResult(available=False, ran=False,
                               words=f"torch {case.torch} does not ship torch._inductor.compiler_bisector, so "
-                                    "the subsystem was not bisected (the ablation's layer stands)")
+                                    "the subsystem was not bisected")
     if '"run"' not in source:
         return BisectorResult(available=False, ran=False,
                               words=f"torch {case.torch} ships torch._inductor.compiler_bisector without its "
