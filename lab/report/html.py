@@ -103,6 +103,11 @@ def run_view(run_dir: Path, dot: str | None = None) -> RunView:
         facts.append(("Exit code", str(result.exit_code)))
     if result.killed:
         facts.append(("Killed", result.killed))
+    if result.torch_build is not None and result.torch_build.git_version:
+        facts.append(("torch commit", result.torch_build.git_version))
+    if result.different_failure is not None:
+        facts += [("Signature expected", result.different_failure.expected),
+                  ("Signature observed", result.different_failure.observed)]
     facts += [("Started", result.started), ("Engine", _engine_words(result)),
               ("Run folder", run_dir.name), ("torch-repro-lab", result.lab_version)]
     if evidence is not None:
