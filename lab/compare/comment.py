@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from lab.compare.diff import CompareError, _text, boundary_pair, compare_runs
-from lab.core.results import BisectResult, RunResult, read_document, read_result
+from lab.core.results import BisectResult, LocalizeResult, RunResult, read_document, read_result
 from lab.core.scrub import is_secret_name, scrub_text
 
 _FENCE = "```"
@@ -30,6 +30,8 @@ def render_comment(folder: Path) -> str:
         text, scenario = _bisect_comment(folder)
     elif (folder / "result.json").is_file():
         text, scenario = _run_comment(folder)
+    elif (folder / "localize.json").is_file():
+        text, scenario = _localize_comment(folder), {}
     else:
         raise CompareError(f"{folder}: is neither a run folder (no result.json) nor a bisect folder (no "
                            "bisect.json).", hint="Pass a folder that `lab run` or `lab bisect` made.")
@@ -105,6 +107,20 @@ def _run_comment(folder: Path) -> tuple[str, dict]:
         parts += _details("Localization", _text(folder / "localize.md") or "", None)
     parts += _script(folder, scenario)
     return "\n".join(parts).rstrip() + "\n", scenario
+
+
+# --- a localization (`lab localize`) --------------------------------------------------------------
+def _localize_comment(folder: Path) -> str:
+    r = read_document(folder / "localize.json", LocalizeResult)
+    parts = [f"**Localized on torch {r.torch}, {r.arch}: {r.conclusion}.**", "",
+             f"- Backend ablation (`lab run --ablate`): {r.ablation}",
+             f"- torch._inductor.compiler_bisector: {r.bisector.words}", "",
+             f"With torch-repro-lab: `lab localize {r.scenario} --torch {r.torch} --arch {r.arch}`", ""]
+    log = _text(folder / r.bisector.log) if r.bisector.log else None
+    if log:
+        lines = [ln for ln in log.splitlines() if ln.strip()]
+        parts += _details("compiler_bisector's log", "\n".join(lines[-60:]), "text")
+    return "\n".join(parts).rstrip() + "\n"
 
 
 # --- pieces -----------------------------------------------------------------------------------------

@@ -45,3 +45,10 @@ def test_secrets_are_scrubbed_as_in_bundles(tmp_path, monkeypatch):
     assert "-e 'HF_TOKEN=***' -e OMP_NUM_THREADS=2 repro" in text
     assert "pa55word" not in text and "https://example.com/issue" in text
     assert "relu_inject" not in text
+
+
+def test_a_localize_folder():
+    text = render_comment(DATA / "compare" / "localize-relu-inject")
+    assert text.startswith("**Localized on torch 2.13.0+cpu, amd64: layer: inductor; compiler_bisector: the issue "
+                           "is in `inductor`, subsystem `lowerings`: relu.**")
+    assert "<summary>compiler_bisector's log</summary>" in text and "Disabling lowerings fixed the issue." in text
