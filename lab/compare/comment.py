@@ -74,7 +74,7 @@ def _bisect_comment(folder: Path) -> tuple[str, dict]:
     failed = [p for p in result.steps if p.verdict == "failed_differently"]
     if failed:
         how = "skipped" if result.failed_differently == "skip" else f"counted as {result.failed_differently}"
-        parts += [f"Failed differently ({how}, never the signature): "
+        parts += [f"Failed differently ({how}; not the scenario's signature): "
                   + "; ".join(f"{p.version}: {p.different_failure.observed if p.different_failure else p.reason}"
                               for p in failed), ""]
     try:
