@@ -631,7 +631,7 @@ def bisect_cmd(
         colour = "bold" if result.status == "found" else "bold yellow"
         err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
         for line in boundary_lines(result):
-            err.print(escape(line))
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
         err.print(f"report: {run.folder / 'bisect.md'}")
         if as_json:
             out.print(json.dumps(result.to_json()), markup=False)
@@ -650,7 +650,7 @@ def compare_cmd(
         from lab.compare.diff import compare_runs, resolve_pair
         c = compare_runs(*resolve_pair(a, b))
         for line in c.summary:
-            (err if as_json else out).print(escape(line), highlight=False)
+            (err if as_json else out).print(line, markup=False, highlight=False, soft_wrap=True)
         if as_json:
             out.print(json.dumps(c.to_json()), markup=False)
     _guard(body)
@@ -663,7 +663,7 @@ def comment_cmd(
     """Print a Markdown comment ready to paste into a GitHub issue (secrets scrubbed as in bundles)."""
     def body() -> None:
         from lab.compare.comment import render_comment
-        out.print(render_comment(folder), markup=False, highlight=False, soft_wrap=True)
+        out.print(render_comment(folder).rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
     _guard(body)
 
 

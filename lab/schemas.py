@@ -15,8 +15,15 @@ from pydantic import TypeAdapter
 from lab.bundle.manifest import Manifest
 from lab.compare.diff import Comparison
 from lab.core.errors import ScenarioError
-from lab.core.results import RUN_FILE, SCHEMA_VERSION, AblationResult, BisectResult, EvidenceRecord, MatrixResult
-from lab.drivers.localize import LocalizeResult
+from lab.core.results import (
+    RUN_FILE,
+    SCHEMA_VERSION,
+    AblationResult,
+    BisectResult,
+    EvidenceRecord,
+    LocalizeResult,
+    MatrixResult,
+)
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -47,7 +47,9 @@ def test_a_different_failure_is_kept_apart_and_the_boundary_pinned(runs):
     assert "torch.func.vmap capture is disabled" in steps["2.2.2"]["different_failure"]["expected"]
     assert result["failed_differently_probes"] == ["2.2.2"]
     assert (result["status"], result["last_old"], result["first_new"]) == ("found", "2.3.1", "2.4.0")
-    assert result["old_end"] == "2.3.0"  # the end that failed differently was replaced inwards
+    # the end that failed differently was replaced inwards (by 2.3.1 when 2.3.0 itself was skipped:
+    # an engine on a shared machine once refused its build with a 500)
+    assert result["old_end"] in ("2.3.0", "2.3.1")
     # pinned to source: both commits, the compare link, the git bisect line
     source = result["source"]
     assert SHA.match(source["last_old_commit"]) and SHA.match(source["first_new_commit"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from lab.compare.diff import CompareError, _text, boundary_pair, compare_runs
-from lab.core.results import BisectResult, RunResult, read_document, read_result
+from lab.core.results import BisectResult, LocalizeResult, RunResult, read_document, read_result
 from lab.core.scrub import is_secret_name, scrub_text
 
 _FENCE = "```"
@@ -30,6 +30,8 @@ def render_comment(folder: Path) -> str:
         text, scenario = _bisect_comment(folder)
     elif (folder / "result.json").is_file():
         text, scenario = _run_comment(folder)
+    elif (folder / "localize.json").is_file():
+        text, scenario = _localize_comment(folder), {}
     else:
         raise CompareError(f"{folder}: is neither a run folder (no result.json) nor a bisect folder (no "
                            "bisect.json).", hint="Pass a folder that `lab run` or `lab bisect` made.")
@@ -72,7 +74,7 @@ def _bisect_comment(folder: Path) -> tuple[str, dict]:
     failed = [p for p in result.steps if p.verdict == "failed_differently"]
     if failed:
         how = "skipped" if result.failed_differently == "skip" else f"counted as {result.failed_differently}"
-        parts += [f"Failed differently ({how}, never the signature): "
+        parts += [f"Failed differently ({how}; not the scenario's signature): "
                   + "; ".join(f"{p.version}: {p.different_failure.observed if p.different_failure else p.reason}"
                               for p in failed), ""]
     try:
@@ -107,6 +109,20 @@ def _run_comment(folder: Path) -> tuple[str, dict]:
     return "\n".join(parts).rstrip() + "\n", scenario
 
 
+# --- a localization (`lab localize`) --------------------------------------------------------------
+def _localize_comment(folder: Path) -> str:
+    r = read_document(folder / "localize.json", LocalizeResult)
+    parts = [f"**Localized on torch {r.torch}, {r.arch}: {r.conclusion}.**", "",
+             f"- Backend ablation (`lab run --ablate`): {r.ablation}",
+             f"- torch._inductor.compiler_bisector: {r.bisector.words}", "",
+             f"With torch-repro-lab: `lab localize {r.scenario} --torch {r.torch} --arch {r.arch}`", ""]
+    log = _text(folder / r.bisector.log) if r.bisector.log else None
+    if log:
+        lines = [ln for ln in log.splitlines() if ln.strip()]
+        parts += _details("compiler_bisector's log", "\n".join(lines[-60:]), "text")
+    return "\n".join(parts).rstrip() + "\n"
+
+
 # --- pieces -----------------------------------------------------------------------------------------
 def _finished(folder: Path) -> RunResult:
     result = read_result(folder)
@@ -133,6 +149,11 @@ def _secrets(scenario: dict) -> dict[str, str]:
     return found
 
 
+def _masked(env: dict) -> dict[str, str]:
+    """Secret-named variables with their values already masked (the scrubbing does it again)."""
+    return {str(k): "***" if is_secret_name(str(k)) else str(v) for k, v in env.items()}
+
+
 def _where(r: RunResult) -> str:
     return f"{r.arch} ({'emulated' if r.emulated else 'native'})"
 
@@ -151,9 +172,9 @@ def _environment(r: RunResult, folder: Path, scenario: dict) -> list[str]:
              f"- torch {r.torch}{commit}, backend {r.backend or 'as the script chooses'}",
              f"- {resolved.get('platform') or r.arch}, {how}, base `{scenario.get('base', '?')}`, "
              f"Docker {r.engine.version}"]
-    env = {**(scenario.get("env") or {}), **(resolved.get("vars") or {})}
-    if env:
-        lines.append("- environment: " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items())))
+    env = _masked({**(scenario.get("env") or {}), **(resolved.get("vars") or {})})
+    if env:  # spaces around each pair: the scrubbing of `NAME=value` takes everything up to a space
+        lines.append("- environment: " + " · ".join(f"{k}={v}" for k, v in sorted(env.items())))
     facts = _collect_env(folder)
     if facts:
         lines.append("- " + "; ".join(f"{k}: {v}" for k, v in facts))
@@ -183,7 +204,7 @@ def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
         lab += ["--set", f"{key}={value}"]
     platform = resolved.get("platform") or f"linux/{r.arch}"
     base = (resolved.get("base") or {}).get("ref") or scenario.get("base") or "debian:bookworm"
-    env = {**(scenario.get("env") or {}), **(resolved.get("vars") or {})}
+    env = _masked({**(scenario.get("env") or {}), **(resolved.get("vars") or {})})
     if r.backend:
         env["LAB_BACKEND"] = r.backend
     run_env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(env.items()))

@@ -2,7 +2,7 @@
 
 By default the exit code says whether the lab reached a verdict, whatever the verdict is:
 
-    0    a verdict was reached (reproduced, not_reproduced, error or timeout)
+    0    a verdict was reached (reproduced, not_reproduced, failed_differently, error or timeout)
     1    an unexpected error inside the lab (a bug: rerun with --debug for the traceback)
     2    bad input: a scenario, an option, a bundle, a configuration file
     3    the infrastructure failed before a verdict: the engine, a base image, the index
@@ -12,7 +12,8 @@ With `--check` the exit code is the verdict, as `git bisect run` reads it:
 
     0    not_reproduced                      (git bisect: good)
     1    reproduced                          (git bisect: bad)
-    125  no verdict about the bug: an error or timeout verdict, a failed build, the engine
+    125  no verdict about the bug: an error, timeout or failed_differently verdict (another failure
+         than the scenario's signature), a failed build, the engine
          down, any infrastructure failure   (git bisect: skip this commit)
     128  bad input or a bug in the lab: the same on every commit, so `git bisect run` stops
     130  interrupted                         (git bisect run stops too: above 127)
@@ -40,7 +41,7 @@ def verdict_exit(verdict: str, check: bool) -> int:
         return CHECK_REPRODUCED
     if verdict == "not_reproduced":
         return CHECK_NOT_REPRODUCED
-    return CHECK_SKIP  # error, timeout, or anything that says nothing about the bug
+    return CHECK_SKIP  # error, timeout, failed_differently: nothing about this bug
 
 
 def failure_exit(code: int, check: bool) -> int:

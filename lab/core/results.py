@@ -613,6 +613,36 @@ class AblationResult(Document):
     conclusion: str
 
 
+# --- a localization: localize.json and `lab localize --json` --------------------------------------
+class BisectorResult(Record):
+    """What torch._inductor.compiler_bisector said, or why it did not run."""
+
+    available: bool            # the release ships the module with its `run` command
+    ran: bool
+    words: str                 # one sentence for the report
+    backend: str | None = None
+    subsystem: str | None = None
+    bisect_number: int | None = None
+    debug_info: str | None = None
+    exit_code: int | None = None
+    log: str | None = None     # the bisector's stdout, relative to the localize folder
+
+
+class LocalizeResult(Document):
+    """localize.json: the layer (ablation) and the subsystem (compiler_bisector) of a compile bug."""
+
+    kind: Literal["localize"] = "localize"
+    scenario: str
+    torch: str
+    arch: str
+    layer: str | None
+    ablation: str              # the ablation's conclusion, or why there was none
+    ablation_dir: str | None
+    bisector: BisectorResult
+    conclusion: str
+
+
+
 # --- reading --------------------------------------------------------------------------------------------
 def read_result(run_dir: Path | str, *, where: str | None = None) -> RunResult | UnfinishedRun:
     """The result.json of a run folder, through the model: every consumer reads results with this.

@@ -23,12 +23,12 @@ import shlex
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from lab.analyze.tracebacks import extract_exceptions
 from lab.build.resolve import Case
 from lab.core.records import Events, no_events
-from lab.core.results import Document, Record
+from lab.core.results import BisectorResult, LocalizeResult
 
 if TYPE_CHECKING:
     from lab.pipeline import RunCase
@@ -38,34 +38,6 @@ _COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "torch._functorch.", "to
 _COMPILE_FRAMES = ("/torch/_dynamo/", "/torch/_inductor/", "/torch/_functorch/")
 _RESULT = re.compile(r"Bisection complete: (BisectionResult\((?P<fields>.*)\)|(?P<none>no issue found))")
 _FIELD = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|None|-?\d+)")
-
-
-class BisectorResult(Record):
-    """What torch._inductor.compiler_bisector said, or why it did not run."""
-
-    available: bool            # the release ships the module with its `run` command
-    ran: bool
-    words: str                 # one sentence for the report
-    backend: str | None = None
-    subsystem: str | None = None
-    bisect_number: int | None = None
-    debug_info: str | None = None
-    exit_code: int | None = None
-    log: str | None = None     # the bisector's stdout, relative to the localize folder
-
-
-class LocalizeResult(Document):
-    """localize.json: the layer (ablation) and the subsystem (compiler_bisector) of a compile bug."""
-
-    kind: Literal["localize"] = "localize"
-    scenario: str
-    torch: str
-    arch: str
-    layer: str | None
-    ablation: str              # the ablation's conclusion, or why there was none
-    ablation_dir: str | None
-    bisector: BisectorResult
-    conclusion: str
 
 
 def is_compile_failure(run_dir: Path) -> bool:
@@ -135,7 +107,7 @@ def run_bisector(case: Case, engine, tag: str, folder: Path, events: Events = no
     if source is None:
         return BisectorResult(available=False, ran=False,
                               words=f"torch {case.torch} does not ship torch._inductor.compiler_bisector, so "
-                                    "the subsystem was not bisected (the ablation's layer stands)")
+                                    "the subsystem was not bisected")
     if '"run"' not in source:
         return BisectorResult(available=False, ran=False,
                               words=f"torch {case.torch} ships torch._inductor.compiler_bisector without its "

@@ -103,6 +103,11 @@ def run_view(run_dir: Path, dot: str | None = None) -> RunView:
         facts.append(("Exit code", str(result.exit_code)))
     if result.killed:
         facts.append(("Killed", result.killed))
+    if result.torch_build is not None and result.torch_build.git_version:
+        facts.append(("torch commit", result.torch_build.git_version))
+    if result.different_failure is not None:
+        facts += [("Signature expected", result.different_failure.expected),
+                  ("Signature observed", result.different_failure.observed)]
     facts += [("Started", result.started), ("Engine", _engine_words(result)),
               ("Run folder", run_dir.name), ("torch-repro-lab", result.lab_version)]
     if evidence is not None:
@@ -176,6 +181,9 @@ class BisectView:
     notes: tuple[str, ...]
     resume: str | None
     candidates: tuple[str, ...]
+    source: object = None                 # core.results.SourceBoundary: commits, compare link, git bisect
+    compare_lines: tuple[str, ...] = ()   # lab compare's summary of the boundary pair
+    localization: str | None = None
 
 
 def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> Path:
@@ -190,7 +198,8 @@ def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> 
     view = BisectView(title=f"bisect {result.scenario or ''} ({result.arch or '?'})", status=result.status,
                       summary=result.summary, timeline=Markup(timeline_svg), boundary=boundary,
                       compare=compare if len(compare) == 2 else (), rows=rows,
-                      notes=result.notes, resume=result.resume, candidates=result.candidates)
+                      notes=result.notes, resume=result.resume, candidates=result.candidates,
+                      source=result.source, compare_lines=result.compare, localization=result.localization)
     path = folder / HTML_NAME
     _write(path, render("bisect.html.j2", view))
     return path

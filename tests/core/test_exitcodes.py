@@ -7,7 +7,7 @@ import pytest
 from lab.core import exitcodes as codes
 
 
-@pytest.mark.parametrize("verdict", ["reproduced", "not_reproduced", "error", "timeout"])
+@pytest.mark.parametrize("verdict", ["reproduced", "not_reproduced", "failed_differently", "error", "timeout"])
 def test_by_default_every_verdict_exits_0(verdict):
     assert codes.verdict_exit(verdict, check=False) == 0
 
@@ -17,6 +17,7 @@ def test_by_default_every_verdict_exits_0(verdict):
     ("reproduced", 1),       # git bisect: bad
     ("error", 125),          # no verdict about the bug: skip
     ("timeout", 125),
+    ("failed_differently", 125),  # another failure than the signature: skip, never good or bad
 ])
 def test_check_maps_verdicts_to_git_bisect_run(verdict, code):
     assert codes.verdict_exit(verdict, check=True) == code

@@ -190,3 +190,48 @@ def test_each_probe_carries_its_build_run_and_total_time(setup):
     assert [s.total_s for s in saved.steps] == [s.total_s for s in run.result.steps]
     md = (run.folder / "bisect.md").read_text()
     assert "| build | run | total |" in md and "Wall time of" in md
+
+
+class FakeRunsWithCommits(FakeRuns):
+    """FakeRuns whose results carry torch.version.git_version, and a different failure where asked."""
+
+    def __call__(self, case, engine, host, runs_root, events, *, run_dir, diagnose, collect_env):
+        from lab.core.results import FailureSignatures, TorchBuild
+        outcome = super().__call__(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
+                                   collect_env=collect_env)
+        extra = {"torch_build": TorchBuild(version=case.torch, git_version=case.torch.replace(".", "") * 8)}
+        if outcome.result.verdict.value == "failed_differently":
+            extra["different_failure"] = FailureSignatures(expected="exit code 1",
+                                                           observed="AttributeError: no is_compiling, exit code 1")
+        result = outcome.result.model_copy(update=extra)
+        result.write(run_dir / "result.json")
+        return RunOutcome(run_dir, result, outcome.judgement)
+
+
+def test_failed_differently_boundary_source_and_compare(tmp_path):
+    scenario = tiny_scenario(tmp_path, BODY)
+    verdicts = {"2.3.0": "failed_differently", "2.3.1": "not_reproduced", "2.4.0": "not_reproduced",
+                "2.4.1": "reproduced", "2.5.0": "reproduced"}
+
+    def go(**options):
+        return bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
+                                     runs_root=tmp_path / "runs", run_case=FakeRunsWithCommits(verdicts),
+                                     candidates=releases, **options)
+    run = go()
+    r = run.result
+    assert (r.status, r.last_old, r.first_new, r.old_end) == ("found", "2.4.0", "2.4.1", "2.3.1")
+    assert r.failed_differently_probes == ("2.3.0",) and r.failed_differently == "skip"
+    assert r.source is not None and r.source.last_old_commit == "240" * 8 and r.source.first_new_commit == "241" * 8
+    assert r.source.git_bisect == f"git bisect start {'241' * 8} {'240' * 8}"
+    assert r.compare[2] == "verdict: not_reproduced → reproduced"
+    assert r.localization is None  # no compiler-stack exception in these fake runs
+    md = (run.folder / "bisect.md").read_text()
+    assert "## Failed differently" in md and "AttributeError: no is_compiling" in md
+    assert "## The boundary in PyTorch's source" in md and r.source.compare_url in md
+    assert "## What changed at the boundary" in md and "verdict: not_reproduced → reproduced" in md
+    page = (run.folder / "report.html").read_text()
+    assert r.source.compare_url in page and 'id="compare"' in page
+
+    counted = go(failed_differently="not_reproduced").result  # resumes from the folders
+    assert counted.old_end == "2.3.0" and counted.failed_differently == "not_reproduced"
+    assert counted.resume.endswith("--failed-differently not-reproduced")

@@ -65,3 +65,11 @@ def test_compile_failures_are_told_from_others(tmp_path):
         'Traceback (most recent call last):\n  File "/lab/repro/x.py", line 3, in <module>\n'
         "AttributeError: module 'torch.compiler' has no attribute 'is_compiling'\n")
     assert not is_compile_failure(tmp_path)
+
+
+def test_the_real_output_of_a_real_bisector_run():
+    # compiler_bisector's stdout from `lab localize tests/data/e2e/relu-inject.yaml` (torch 2.13.0+cpu)
+    real = DATA / "compare" / "localize-relu-inject"
+    fields = parse_bisector_output((real / "compiler_bisector" / "stdout.txt").read_text())
+    assert fields == {"backend": "inductor", "subsystem": "lowerings", "bisect_number": 0, "debug_info": "relu"}
+    assert bisector_words(fields, 0) == "compiler_bisector: the issue is in `inductor`, subsystem `lowerings`: relu"
