@@ -343,6 +343,7 @@ class LocalEngine:
             for reader in readers:
                 reader.join(10)
             streams = (stdout.finish(None), stderr.finish(None))
+            _check_started(exit_code, logs_dir / "stderr.txt", confinement)
             stopped_for = None
             if watch.over is not None:
                 stopped_for = STOPPED_OUT_FULL
@@ -517,6 +518,28 @@ def _pump(stream, capture: StreamFile) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True, name=f"lab-local-{capture.name}")
     thread.start()
     return thread
+
+
+_LAUNCHERS = ("bwrap:", "setpriv:", "/usr/bin/env:", "env:", "prlimit:")
+
+
+def _check_started(exit_code: int | None, stderr: Path, confinement: Confinement) -> None:
+    """A sandbox that could not be made, or a Python that could not be started, is the engine's
+    failure, never the script's verdict: bwrap, setpriv, prlimit and env say so on stderr's first line
+    and exit 1, 126 or 127."""
+    if exit_code not in (1, 126, 127):
+        return
+    try:
+        with stderr.open("rb") as fh:
+            first = fh.readline(2000).decode("utf-8", "replace").strip()
+    except OSError:
+        return
+    if first.startswith(_LAUNCHERS):
+        how = "the sandbox could not be made or" if confinement.confined else "the run"
+        raise EngineError(f"the local engine failed before the script ran ({how} its Python did not start): "
+                          f"{first[:400]}",
+                          hint="See `lab engines` (the local engine's confinement); LAB_BWRAP=off with "
+                               "--trust-script runs without the sandbox.")
 
 
 def _read_info(proc: subprocess.Popen, fd: int) -> None:
