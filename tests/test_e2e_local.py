@@ -156,6 +156,8 @@ def test_a_confined_run_writes_only_its_out_folder_and_reaches_no_network(tmp_pa
     assert "- Engine: local (this host, no container; bubblewrap" in report
     assert "- Host: " in report and "- System packages: from the host" in report
     assert "--engine local" in report  # the rerun command
+    page = (run_dir / "report.html").read_text()
+    assert "local (this host, no container; bubblewrap" in page and "System packages" in page
     assert json.loads((run_dir / "result.json").read_text())["local"]["confined"] is True
     assert (run_dir / "pip-freeze.txt").read_text().count("torch==2.13.0+cpu") == 1
     assert "PyTorch version: 2.13.0+cpu" in (run_dir / "collect_env.txt").read_text()
