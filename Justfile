@@ -14,9 +14,13 @@ demo:
 test *ARGS:
     {{venv}}/pytest {{ARGS}}
 
-# Only the fast tests (no Docker)
+# Only the fast tests (no Docker, no real run of the local engine)
 test-fast *ARGS:
-    {{venv}}/pytest -m "not docker" {{ARGS}}
+    {{venv}}/pytest -m "not docker and not local" {{ARGS}}
+
+# The local engine's real runs (uv venvs, bubblewrap; no Docker needed)
+test-local *ARGS:
+    {{venv}}/pytest -m local {{ARGS}}
 
 lint:
     {{venv}}/ruff check lab tests bench

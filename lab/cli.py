@@ -430,9 +430,11 @@ def run(
             raise ScenarioError("--check judges one run: choose one torch version and one arch, without "
                                 "--repeat or --ablate.", field="--check")
         host = discover()
-        for c in cases:  # refuse before anything is built
+        only_local = bool(engines) and {e.strip() for e in engines} <= {"local", "local://"}
+        for c in cases:  # refuse before anything is built, or any engine is asked
             run_limits(c, allow_network)
-            check_release(c, host)
+            if not only_local:  # the local engine's Python is the host's, not the base image's: uv says
+                check_release(c, host)
         runs_root = _runs_root(out_dir)
         fleet = _fleet(engines, jobs, python_env, trust_script)
         if len(cases) == 1 and repeat == 1:

@@ -45,7 +45,8 @@ class Check:
 
 def run_checks(runs_root: Path) -> list[Check]:
     engine_check, engine = _engine()
-    return [engine_check, _binfmt(engine), _gpu(engine), _disk(runs_root, engine), _ca_bundle(), _bootstrap()]
+    return [engine_check, _binfmt(engine), _gpu(engine), _disk(runs_root, engine), _ca_bundle(), _bootstrap(),
+            _local()]
 
 
 def _engine():
@@ -237,3 +238,15 @@ def _bootstrap() -> Check:
     return Check("Debian bootstrap", "warn",
                  "mmdebstrap is missing: without a registry, Debian bases cannot be made",
                  "apt-get install mmdebstrap arch-test (or run `bin/setup-host`)")
+
+
+def _local() -> Check:
+    """The local engine (`--engine local`): whether bubblewrap can confine scripts on this host."""
+    from lab.core.config import current
+    from lab.engine.local_engine import probe_bwrap
+    c = probe_bwrap(current()["local.bwrap"])
+    if c.confined:
+        return Check("local engine", "ok", f"bubblewrap {c.version} confines scripts run with `--engine local`",
+                     version=c.version)
+    return Check("local engine", "warn", f"`--engine local` cannot confine scripts: {c.problem}; it runs them "
+                 "only with --trust-script", "apt-get install bubblewrap (or run `bin/setup-host`)")

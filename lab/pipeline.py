@@ -159,17 +159,17 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         else:
             cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
         report.write_scenario(run_dir, case, None if local else image.base)
-        _save_freeze(engine, image.ref, run_dir)
-        torch_build = read_torch_build(engine, image.ref, case)
+        _save_freeze(engine, _image_ref(image), run_dir)
+        torch_build = read_torch_build(engine, _image_ref(image), case)
         with clock("run"):
-            raw = _run_script(case, engine, image.ref, run_dir, events, limits)
+            raw = _run_script(case, engine, _image_ref(image), run_dir, events, limits)
         with clock("analyze"):
             evidence = analyze(raw)
         diagnostics = None
         run_it, why = diagnose_decision(diagnose, compile_debug, case, evidence)
         if run_it:
             with clock("diagnose"):
-                diagnostics = _diagnose(case, engine, image.ref, run_dir, events, limits, compile_debug)
+                diagnostics = _diagnose(case, engine, _image_ref(image), run_dir, events, limits, compile_debug)
         else:
             events("diagnose", f"not run: {why}")
         collected = None
@@ -193,6 +193,12 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     finally:  # the run folder is written first; the history index only caches it
         if (note := record_run(runs_root, run_dir)) is not None:
             logging.getLogger("lab").warning(note)
+
+
+def _image_ref(image):
+    """What the engine runs: the image's tag, or the local engine's environment."""
+    local = getattr(image, "local", None)
+    return local if local is not None else image.tag
 
 
 def _local_ref(engine, image, limits: RunLimits, system: str) -> LocalRef:
@@ -317,7 +323,7 @@ def _collect_env(engine: Engine, image, case: Case, events: Events) -> str:
     except OSError:
         pass
     events("collect_env", "python -m torch.utils.collect_env")
-    code, output = engine.output_of(image.ref, ["python", "-m", "torch.utils.collect_env"], case.arch,
+    code, output = engine.output_of(_image_ref(image), ["python", "-m", "torch.utils.collect_env"], case.arch,
                                     COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name})
     if code != 0:
         return f"Could not collect (exit {code}):\n{output}"

@@ -156,6 +156,8 @@ def test_a_confined_run_writes_only_its_out_folder_and_reaches_no_network(tmp_pa
     assert "- Engine: local (this host, no container; bubblewrap" in report
     assert "- Host: " in report and "- System packages: from the host" in report
     assert "--engine local" in report  # the rerun command
+    page = (run_dir / "report.html").read_text()
+    assert "local (this host, no container; bubblewrap" in page and "System packages" in page
     assert json.loads((run_dir / "result.json").read_text())["local"]["confined"] is True
     assert (run_dir / "pip-freeze.txt").read_text().count("torch==2.13.0+cpu") == 1
     assert "PyTorch version: 2.13.0+cpu" in (run_dir / "collect_env.txt").read_text()
@@ -259,3 +261,41 @@ def test_a_bisection_on_the_local_engine_across_three_releases(tmp_path):
     assert probe["engine"]["kind"] == "local" and probe["local"]["confined"]
     assert "Python 3.11+ not yet supported for torch.compile" in (
         Path(result["folder"]) / "torch2.0.1" / "stderr.txt").read_text()
+
+
+has_gpu = Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()
+
+
+def test_dlpack_cuda_without_a_gpu_stops_and_names_the_cpu_variant(tmp_path):
+    if has_gpu:
+        pytest.skip("this host has an NVIDIA GPU: test_dlpack_cuda_on_a_gpu_host runs instead")
+    proc = run_lab("run", "dlpack-cuda", "--engine", "local", "--python-env", "current", "--out",
+                   str(tmp_path / "runs"), "--json")
+    assert proc.returncode != 0
+    text = " ".join(proc.stderr.split())
+    assert "needs a GPU" in text and "dlpack-cpu" in text, text
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not has_gpu, reason="needs an NVIDIA GPU (/dev/nvidiactl) and a Python with CUDA torch "
+                                        "(LAB_LOCAL_PYTHON)")
+def test_dlpack_cuda_on_a_gpu_host(tmp_path):
+    """Issue 14's seed run: on a host with an NVIDIA GPU, the CUDA scenario with the Python already there.
+    Its torch decides the case (`--torch` is that torch): the run reproduces the Dynamo error, or shows
+    that this torch no longer has it; either way the loader evidence names the CUDA libraries loaded.
+    Save its run folder's report.md, result.json and out/ld/ under tests/data/local-gpu/ (see the
+    README's Without Docker)."""
+    import subprocess
+    import sys
+    python = __import__("os").environ.get("LAB_LOCAL_PYTHON", sys.executable)
+    torch = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                           text=True).stdout.strip()
+    assert torch, f"{python} has no torch: set LAB_LOCAL_PYTHON to a Python with CUDA torch"
+    proc = run_lab("run", "dlpack-cuda", "--engine", "local", "--python-env", "current", "--torch", torch,
+                   "--out", str(tmp_path / "runs"), "--json", "--no-diagnose")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["verdict"] in ("reproduced", "not_reproduced"), result["reason"]
+    assert result["local"]["python_env"] == "current"
+    loaded = "\n".join(p.read_text(errors="replace") for p in (Path(result["run_dir"]) / "out" / "ld").iterdir())
+    assert "libcudart" in loaded or "libcuda.so" in loaded, "no CUDA library in the loader logs"

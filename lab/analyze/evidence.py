@@ -59,6 +59,7 @@ class Evidence:
     stopped_for: str | None = None       # why the lab stopped the container early
     streams: tuple[StreamCapture, ...] = ()  # how much of stdout and stderr was kept
     outputs: OutputCopy | None = None    # what came out of /out, and what did not
+    unit: str = "container"              # what ran the script: "container", or "sandbox" (the local engine)
 
     @property
     def memory_limit(self) -> str | None:
@@ -98,11 +99,11 @@ class Evidence:
                 lines.append("in user code: " + _user_frame(gb.user_code[-1]))
         if self.emulator_crash:
             lines.append(f"the emulator crashed: `{self.emulator_crash}`"
-                         + ("; the lab stopped the container" if self.stopped_for else ""))
+                         + (f"; the lab stopped the {self.unit}" if self.stopped_for else ""))
         if self.oom_killed:
-            lines.append(f"the container was {self.oom_words}")
+            lines.append(f"the {self.unit} was {self.oom_words}")
         if self.stopped_for == STOPPED_OUT_FULL:
-            lines.append(f"the container was {self.out_full_words}")
+            lines.append(f"the {self.unit} was {self.out_full_words}")
         lines += [words for s in self.streams if (words := s.plain_words())]
         if self.outputs is not None:
             lines += self.outputs.plain_words()
@@ -213,4 +214,5 @@ def analyze(raw: RawRun) -> Evidence:
         stopped_for=raw.stopped_for,
         streams=raw.streams,
         outputs=raw.outputs,
+        unit=raw.unit,
     )

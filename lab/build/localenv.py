@@ -225,7 +225,7 @@ def _binds(interp: Interpreter, path: str, extra: tuple[str, ...] = ()) -> tuple
     wanted += [p for p in interp.sys_path if os.path.isdir(p)]
     found: list[str] = []
     for p in sorted({os.path.normpath(p) for p in wanted}, key=lambda p: (p.count("/"), p)):
-        if p in ("/", "/usr") or p.startswith(("/usr/", "/etc/", "/proc", "/dev", "/sys", "/tmp")):
+        if p in ("/", "/usr", "/tmp") or p.startswith(("/usr/", "/etc/", "/proc/", "/dev/", "/sys/")):
             continue
         if any(p == f or p.startswith(f + "/") for f in found) or not os.path.isdir(p):
             continue

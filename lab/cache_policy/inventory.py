@@ -235,12 +235,12 @@ def disk_entries(root: Path, walk: _Walk) -> list[Entry]:
 
     for top in sorted(root.iterdir()):
         name = top.name
-        if name == "site" and top.is_dir():
+        if name in ("site", "venv") and top.is_dir():  # one entry per key: the tree, its .json and .lock
             keys = sorted({p.name.split(".")[0] for p in top.iterdir()})
             for key in keys:
                 paths = sorted(p for p in top.iterdir() if p.name.split(".")[0] == key)
                 lock = top / f"{key}.lock"
-                add("site", key, paths, "being made (its lock is held)" if _lock_held(lock) else None)
+                add(name, key, paths, "being made (its lock is held)" if _lock_held(lock) else None)
         elif name == "bases" and top.is_dir():
             for work in sorted(top.iterdir()):
                 add("bases", work.name, [work])
@@ -396,7 +396,7 @@ def _remove(e: Entry, engine) -> str | None:
             return str(exc)
     paths: tuple[Path, ...] = e.ref or ()  # type: ignore[assignment]
     lock = None
-    if e.part == "site" and paths:
+    if e.part in ("site", "venv") and paths:
         lock = FileLock(str(paths[0].parent / f"{e.name}.lock"))
         try:
             lock.acquire(timeout=0)

@@ -19,10 +19,11 @@ DEFAULT_CAP_SHARE = 0.25         # ... or a quarter of the disk the cache may us
 LOW_FREE_BYTES = 20 * GiB        # `lab doctor` warns under this much free disk
 
 # Parts, in the order `lab cache info` lists them; `--all` removes images before what they are built on.
-PARTS = ("images", "anchors", "base_images", "bases", "site", "uv", "index", "collect_env", "other")
+PARTS = ("images", "anchors", "base_images", "bases", "site", "venv", "uv", "index", "collect_env", "other")
 PART_TITLES = {"images": "images the lab built", "anchors": "layer anchors (kept by bisect)",
                "base_images": "base images the lab bootstrapped", "bases": "base rootfs (while bootstrapping)",
-               "site": "site trees (cross-installed venvs)", "uv": "uv's wheel cache",
+               "site": "site trees (cross-installed venvs)", "venv": "the local engine's venvs",
+               "uv": "uv's wheel cache",
                "index": "release index", "collect_env": "collect_env answers", "other": "anything else"}
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

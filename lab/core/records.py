@@ -143,6 +143,7 @@ class RawRun:
     stopped_for: str | None = None  # why the lab stopped the container early (e.g. the emulator crashed)
     streams: tuple[StreamCapture, ...] = ()  # stdout and stderr: how much was written and kept
     outputs: OutputCopy | None = None       # what was copied out of /out, and what was not
+    unit: str = "container"                 # what the lab stopped or killed: "container", or "sandbox" (local)
 
     def output_words(self) -> list[str]:
         """What the lab cut or refused while taking the outputs, in plain words."""

@@ -222,7 +222,9 @@ def sandbox_args(*, tool: str, image: LocalImage, out: Path, limits: RunLimits, 
         for node in gpu_nodes():
             args += ["--dev-bind", node, node]
     args += ["--remount-ro", "/", "--chdir", cwd,
-             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+             # the script is pid 1 of its pid namespace, as in a container: when it ends, every
+             # process it started ends too
+             "--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--die-with-parent", "--new-session"]
     if not limits.network:
         args.append("--unshare-net")
@@ -341,8 +343,9 @@ class LocalEngine:
                 self._forget(proc)
             duration = time.monotonic() - started
             for reader in readers:
-                reader.join(30)
+                reader.join(10)
             streams = (stdout.finish(None), stderr.finish(None))
+            _check_started(exit_code, logs_dir / "stderr.txt", confinement)
             stopped_for = None
             if watch.over is not None:
                 stopped_for = STOPPED_OUT_FULL
@@ -353,7 +356,7 @@ class LocalEngine:
                       stdout_path=logs_dir / "stdout.txt", stderr_path=logs_dir / "stderr.txt",
                       loader_dir=out_dir / "ld", emulated=False, command=tuple(command),
                       env=tuple(sorted(env.items())), limits=limits, stopped_for=stopped_for,
-                      streams=streams, outputs=outputs)
+                      streams=streams, outputs=outputs, unit="sandbox" if confinement.confined else "run")
 
     def output_of(self, image: LocalImage, command: list[str], arch: Arch, timeout: float,
                   labels: dict[str, str]) -> tuple[int | None, str]:
@@ -402,12 +405,23 @@ class LocalEngine:
         with self._lock:
             if self._stopping.is_set():
                 raise EngineError("the lab is stopping (interrupted): no new run is started")
+            info_r, info_w = os.pipe() if confined else (None, None)
             try:
+                if info_w is not None:  # bwrap says there the pid of the sandbox's pid 1 (the script)
+                    argv = [argv[0], "--info-fd", str(info_w), *argv[1:]]
                 argv = _prlimit(rlimits(limits, gpu=gpu, confined=confined)) + argv
                 proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
+                                        stderr=subprocess.PIPE, start_new_session=True,
+                                        pass_fds=(info_w,) if info_w is not None else ())
             except OSError as exc:
+                if info_r is not None:
+                    os.close(info_r)
                 raise EngineError(f"the local engine could not start {argv[0]}: {exc}") from None
+            finally:
+                if info_w is not None:
+                    os.close(info_w)
+            if info_r is not None:
+                _read_info(proc, info_r)
             self._running.add(proc)
         return proc
 
@@ -518,9 +532,58 @@ def _pump(stream, capture: StreamFile) -> threading.Thread:
     return thread
 
 
+_LAUNCHERS = ("bwrap:", "setpriv:", "/usr/bin/env:", "env:", "prlimit:")
+
+
+def _check_started(exit_code: int | None, stderr: Path, confinement: Confinement) -> None:
+    """A sandbox that could not be made, or a Python that could not be started, is the engine's
+    failure, never the script's verdict: bwrap, setpriv, prlimit and env say so on stderr's first line
+    and exit 1, 126 or 127."""
+    if exit_code not in (1, 126, 127):
+        return
+    try:
+        with stderr.open("rb") as fh:
+            first = fh.readline(2000).decode("utf-8", "replace").strip()
+    except OSError:
+        return
+    if first.startswith(_LAUNCHERS):
+        how = "the sandbox could not be made or" if confinement.confined else "the run"
+        raise EngineError(f"the local engine failed before the script ran ({how} its Python did not start): "
+                          f"{first[:400]}",
+                          hint="See `lab engines` (the local engine's confinement); LAB_BWRAP=off with "
+                               "--trust-script runs without the sandbox.")
+
+
+def _read_info(proc: subprocess.Popen, fd: int) -> None:
+    """Read bwrap's --info-fd (`{"child-pid": N}`) in the background into `proc.lab_child`."""
+    proc.lab_child = None  # type: ignore[attr-defined]
+    proc.lab_info = threading.Event()  # type: ignore[attr-defined]
+
+    def read() -> None:
+        data = b""
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                while chunk := fh.read(4096):
+                    data += chunk
+                    with contextlib.suppress(ValueError):
+                        proc.lab_child = int(json.loads(data.decode())["child-pid"])  # type: ignore[attr-defined]
+                        break
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        finally:
+            proc.lab_info.set()  # type: ignore[attr-defined]
+
+    threading.Thread(target=read, daemon=True, name="lab-local-info").start()
+
+
 def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL to the run's process group (bwrap and, through its pid namespace, every process of
-    the script; unconfined, what stayed in the group)."""
+    """SIGKILL to the sandbox's pid 1 (the script: its pid namespace ends with it, every process of
+    the run with it) while bwrap still holds it, then to the run's process group (bwrap; unconfined,
+    what stayed in the group)."""
+    child = getattr(proc, "lab_child", None)
+    if child is not None and proc.poll() is None:  # bwrap has not reaped it: the pid is still the script's
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            os.kill(child, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, OSError):

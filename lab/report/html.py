@@ -108,8 +108,13 @@ def run_view(run_dir: Path, dot: str | None = None) -> RunView:
     if result.different_failure is not None:
         facts += [("Signature expected", result.different_failure.expected),
                   ("Signature observed", result.different_failure.observed)]
-    facts += [("Started", result.started), ("Engine", _engine_words(result)),
-              ("Run folder", run_dir.name), ("torch-repro-lab", result.lab_version)]
+    facts += [("Started", result.started), ("Engine", _engine_words(result))]
+    if result.local is not None:  # the local engine: this host, no container
+        facts += [("Host", f"{result.local.os}, {result.local.libc}"),
+                  ("System packages", result.local.system_packages),
+                  ("Python", f"{result.local.python} ({result.local.python_env}: {result.local.environment})"),
+                  ("Confinement", result.local.confinement)]
+    facts += [("Run folder", run_dir.name), ("torch-repro-lab", result.lab_version)]
     if evidence is not None:
         dups = tuple(Dup(d.label or d.family, d.pid, tuple(zip(d.paths, (n or "?" for n in d.needed_by), strict=False)))
                      for d in evidence.duplicate_runtimes)
@@ -277,4 +282,6 @@ def write_folder_html(folder: Path, dot: str | None = None) -> Path:
 
 def _engine_words(result) -> str:
     e = result.engine
+    if e.kind == "local":
+        return f"local (this host, no container; {e.version}) on {e.host_arch}"
     return f"{e.name} (Docker {e.version}) on {e.host_arch}" + (", emulated" if result.emulated else "")

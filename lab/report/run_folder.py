@@ -333,13 +333,13 @@ def _killed(ev) -> str | None:
     if ev is None:
         return None
     if ev.timed_out:
-        return f"timeout, after {ev.duration_s:.0f} s; the container was stopped and its partial logs kept"
+        return f"timeout, after {ev.duration_s:.0f} s; the {ev.unit} was stopped and its partial logs kept"
     if ev.oom_killed:
         return ev.oom_words.removeprefix("killed: ")
     if ev.stopped_for == STOPPED_EMULATOR:
-        return "the emulator crashed, and the lab stopped the container (QEMU would hang)"
+        return f"the emulator crashed, and the lab stopped the {ev.unit} (QEMU would hang)"
     if ev.stopped_for == STOPPED_OUT_FULL:
-        return ev.out_full_words.removeprefix("killed: ") + "; the lab stopped the container"
+        return ev.out_full_words.removeprefix("killed: ") + f"; the lab stopped the {ev.unit}"
     return None
 
 

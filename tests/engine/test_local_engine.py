@@ -140,3 +140,19 @@ def test_missing_system_packages_are_named():
     if note is not None:
         pytest.skip(note)
     assert missing == ["lab-absent-package-for-tests"]
+
+
+def test_a_sandbox_or_python_that_does_not_start_is_the_engines_failure_not_a_verdict(tmp_path):
+    from lab.core.errors import EngineError
+    from lab.engine.local_engine import _check_started
+    confined = Confinement("bwrap", "0.8.0", as_root=True)
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("/usr/bin/env: '/cache/venv/k/bin/python': No such file or directory\n")
+    with pytest.raises(EngineError, match="failed before the script ran"):
+        _check_started(127, stderr, confined)
+    stderr.write_text("bwrap: Can't find source path /x: No such file or directory\n")
+    with pytest.raises(EngineError, match="Can't find source path"):
+        _check_started(1, stderr, confined)
+    stderr.write_text("Traceback (most recent call last):\nRuntimeError: the bug\n")
+    _check_started(1, stderr, confined)  # the script's own failure: judged as usual
+    _check_started(0, stderr, confined)
