@@ -9,7 +9,6 @@ import builtins
 import re
 import sys
 from dataclasses import dataclass, field
-from datetime import date
 
 from packaging.version import Version
 
@@ -696,6 +695,3 @@ def _const(node: ast.AST) -> str | None:
         return parts[0].strip()[:100] if parts and len(parts[0].strip()) >= 3 else None
     return None
 
-
-def created_or_none(page: IssuePage) -> date | None:
-    return page.created
