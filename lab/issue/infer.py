@@ -9,7 +9,6 @@ import builtins
 import re
 import sys
 from dataclasses import dataclass, field
-from datetime import date
 
 from packaging.version import Version
 
@@ -79,7 +78,9 @@ def infer(page: IssuePage) -> Inference:
                          f"{python or 'not given'}") if f.name == "python" else f for f in facts]
     env: dict[str, str] = {}
     expect = _expect(page, lines, found, chosen, script, facts, fixups, env)
-    pip = _pip(lines, script, torch_v, facts, fixups)
+    raw = _find_torch(page, lines, found)[0]
+    same_env = raw is not None and _plausible(raw) and Version(Version(raw).public) == Version(torch_v)
+    pip = _pip(lines, script, torch_v, facts, fixups, keep_pins=same_env)
     return Inference(page=page, torch=torch_v, arch=arch, gpu=gpu, cpu_variant=cpu_variant, pip=pip, env=env,
                      script=script, script_lines=span, expect=expect, facts=facts, fixups=fixups, python=python,
                      base=base)
@@ -366,8 +367,19 @@ _SHIPPED = {"torch", "torchgen", "functorch", "triton", "numpy", "typing_extensi
             "jinja2", "filelock", "fsspec", "setuptools"}
 
 
-def _pip(lines: list[str], script: str, torch_v: str, facts: list[Fact], fixups: list[str]) -> list[str]:
+def _pip(lines: list[str], script: str, torch_v: str, facts: list[Fact], fixups: list[str], *,
+         keep_pins: bool) -> list[str]:
+    """The script's imports as requirements. The page's pins (`[pip3] numpy==1.17.2`) are kept only when
+    the lab runs the torch the page ran: pins from another environment (torch 1.2 and Python 3.6) need
+    not even have a wheel for the image's Python."""
     pins = _page_pins(lines)
+    if pins and not keep_pins:
+        wanted = {"numpy"} | {_PYPI.get(m, m).replace("_", "-").lower() for m in _imports(script)}
+        dropped = [f"{n}=={v}" for n, (v, _) in pins.items() if n in wanted and n not in ("torch", "pytorch")]
+        if dropped:
+            fixups.append(f"pip: not the page's pins ({', '.join(dropped)}): they are from the page's environment, "
+                          f"and the lab runs torch {torch_v}, not the torch the page ran")
+        pins = {}
     modules = _imports(script)
     reqs: list[str] = []
     numpy = _numpy(pins, torch_v, facts, fixups)
@@ -683,6 +695,3 @@ def _const(node: ast.AST) -> str | None:
         return parts[0].strip()[:100] if parts and len(parts[0].strip()) >= 3 else None
     return None
 
-
-def created_or_none(page: IssuePage) -> date | None:
-    return page.created
