@@ -25,7 +25,7 @@ def runs(tmp_path_factory) -> Path:
 
 def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
     args = ["bisect", "vmap-inside-compile", "--from", "2.3.1", "--to", "2.4.1", "--arch", "arm64",
-            "--out", str(runs), "--json", "--keep-images"]
+            "--out", str(runs), "--json", "--keep-images", "--jobs", "1"]  # serial (tests/engines runs it in parallel)
     proc = run_lab(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
@@ -35,6 +35,7 @@ def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
     steps = {s["torch"]: s["verdict"] for s in result["steps"]}
     assert steps == {"2.3.1": "reproduced", "2.4.1": "not_reproduced", "2.4.0": "not_reproduced"}
     assert [s["torch"] for s in result["steps"]][:2] == ["2.3.1", "2.4.1"]  # both ends first
+    assert result["width"] == 1 and result["rounds"] == len(result["steps"]) == 3  # one probe per round
     folder = Path(result["folder"])
     md = (folder / "bisect.md").read_text()
     assert "2.4.0" in md and "bisect.svg" in md and result["resume"] in md

@@ -121,16 +121,14 @@ def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(en
 
 
 def test_a_parallel_bisection_across_two_engines_finds_the_serial_boundary(engines, tmp_path):
-    serial = lab(engines, *BISECT, "--engine", "first", "--jobs", "1", "--out", str(tmp_path / "serial"))
-    assert serial.returncode == 0, serial.stderr[-3000:]
-    one = last_json(serial.stdout)
+    """The serial bisection of the same case and range is tests/test_e2e_bisect.py's (one slot on this
+    2-CPU machine): (2.3.1, 2.4.0) in 3 probes, one per round. Run again here it would only cost time."""
     parallel = lab(engines, *BISECT, "--engine", "first", "--engine", "second", "--out", str(tmp_path / "parallel"))
     assert parallel.returncode == 0, parallel.stderr[-3000:]
     two = last_json(parallel.stdout)
-    assert (two["status"], two["last_old"], two["first_new"]) == (one["status"], one["last_old"],
-                                                                  one["first_new"]) == ("found", "2.3.1", "2.4.0")
-    assert (one["width"], two["width"]) == (1, 2)
-    assert two["rounds"] < one["rounds"] == len(one["steps"])
+    assert (two["status"], two["last_old"], two["first_new"]) == ("found", "2.3.1", "2.4.0")
+    assert two["width"] == 2
+    assert len(two["steps"]) == 3 and two["rounds"] < len(two["steps"])  # the two ends in one round
     assert {s["engine"] for s in two["steps"]} == {"first", "second"}
     assert all(s["emulated"] for s in two["steps"])  # arm64 on amd64 engines: QEMU
     assert "up to 2 at once" in parallel.stderr
