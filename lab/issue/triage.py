@@ -8,8 +8,6 @@ so tests drive the whole chain with fakes."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import tempfile
@@ -133,25 +131,43 @@ def _finish(state: TriageState, path: Path, compare: Compare) -> TriageState:
 
 
 def compare_seam(runner: Callable[[str, str], dict] | None = None) -> Compare:
-    """The compare and comment step of `lab compare` (issue 13), when that module is installed:
-    `lab.compare.compare_runs(old_run_dir, new_run_dir)` giving a dict with `text` and optionally
-    `comment`. Without it, the step says it is unavailable and the triage writes what it knows."""
+    """The compare and comment step. By default it is `lab compare`'s and `lab comment`'s: the
+    bisection's boundary pair compared (or the page's run against the newest release's when there is
+    no bisection folder), and the comment `lab comment` writes for the bisection folder. A `runner`
+    (old run folder, new run folder) -> {"text", "comment"} stands in for it in tests of the chain."""
     def step(state: TriageState) -> dict:
         if state.page_run is None or state.newest_run is None or state.page_run is state.newest_run \
                 or not (state.page_run.run_dir and state.newest_run.run_dir):
             return {"available": None, "why": "nothing to compare: the triage has no two runs that differ"}
-        fn = runner
-        if fn is None and importlib.util.find_spec("lab.compare") is not None:
-            fn = getattr(importlib.import_module("lab.compare"), "compare_runs", None)
-        if fn is None:
-            return {"available": False, "why": "the compare step is unavailable: `lab compare` (issue 13) is "
-                                               "not in this lab yet; the comment holds what the triage knows"}
         old = state.bisect.last_old if state.bisect and state.bisect.last_old else state.page_run.torch
         new = state.bisect.first_new if state.bisect and state.bisect.first_new else state.newest_run.torch
-        result = fn(state.page_run.run_dir, state.newest_run.run_dir)
-        found = result if isinstance(result, dict) else {"text": str(result)}
-        return {"available": True, "old": old, "new": new, **found}
+        if runner is not None:
+            result = runner(state.page_run.run_dir, state.newest_run.run_dir)
+            found = result if isinstance(result, dict) else {"text": str(result)}
+            return {"available": True, "old": old, "new": new, **found}
+        return {"old": old, "new": new, **_lab_compare(state)}
     return step
+
+
+def _lab_compare(state: TriageState) -> dict:
+    from lab.compare.comment import render_comment
+    from lab.compare.diff import boundary_pair, compare_runs
+    from lab.compare.diff import summary_lines as compare_lines
+    from lab.core.errors import LabError
+
+    folder = Path(state.bisect.folder) if state.bisect and state.bisect.folder else None
+    try:
+        if folder is not None and (folder / "bisect.json").is_file():
+            a, b = boundary_pair(folder)
+            comment = render_comment(folder)
+        else:
+            a, b = Path(state.page_run.run_dir), Path(state.newest_run.run_dir)
+            comment = None
+        text = "\n".join(compare_lines(compare_runs(a, b)))
+    except (LabError, OSError) as e:
+        return {"available": False, "why": f"the comparison could not be made: {e}"}
+    found = {"available": True, "a": str(a), "b": str(b), "text": text}
+    return {**found, "comment": comment} if comment else found
 
 
 def summary_lines(state: TriageState) -> list[str]:

@@ -38,7 +38,8 @@ def test_reproduced_then_fixed_then_bisected(tmp_path):
     assert calls == [("run", "2.5.1"), ("run", "2.15.0"), ("bisect", "2.5.1", "2.15.0")]
     words = " ".join(summary_lines(state))
     assert "Reproduced on torch 2.5.1 on amd64" in words and "fixed" in words and "Fixed in torch 2.7.0" in words
-    assert state.compare["available"] is False and "issue 13" in state.compare["why"]
+    # the fake runs have no folders on disk: the comparison says why it could not be made
+    assert state.compare["available"] is False and "/r/2.5.1" in state.compare["why"]
     assert (tmp_path / "t" / "comment.md").read_text().startswith("### Triage by torch-repro-lab")
     # a second triage resumes: nothing runs again
     again = run_triage(TriageState.load(tmp_path / "t" / "triage.json", "p"), tmp_path / "t",
@@ -73,3 +74,20 @@ def test_compare_is_called_when_available(tmp_path):
                        bisect=lambda *a: BisectStep("found", "2.6.0", "2.7.0"), newest=lambda arch: "2.15.0",
                        compare=compare_seam(fake_compare))
     assert seen == [("/r/2.5.1", "/r/2.15.0")] and "compare comment" in state.comment
+
+
+def test_the_default_compare_is_lab_compare_of_the_bisections_boundary(tmp_path):
+    """A real bisection's folder (tests/data/compare): the comparison is its boundary pair's, and the
+    comment is `lab comment`'s for that folder, pasted into comment.md."""
+    folder = Path(__file__).resolve().parents[1] / "data" / "compare" / "bisect-vmap-newapi"
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path),
+                       run=lambda y, t, a: RunStep(t, a, "reproduced" if t == "2.5.1" else "not_reproduced",
+                                                   run_dir=str(folder / "torch2.3.0")),
+                       bisect=lambda *a: BisectStep("found", "2.3.1", "2.4.0", folder=str(folder)),
+                       newest=lambda arch: "2.15.0", compare=compare_seam())
+    cmp = state.compare
+    assert cmp["available"] is True, cmp
+    assert (cmp["a"], cmp["b"]) == (str(folder / "torch2.3.1"), str(folder / "torch2.4.0"))
+    assert cmp["text"].startswith("A: ") and "verdict:" in cmp["text"]
+    comment = (tmp_path / "t" / "comment.md").read_text()
+    assert comment.startswith("### Triage by torch-repro-lab") and cmp["comment"] in comment
