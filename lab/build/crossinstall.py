@@ -39,13 +39,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from filelock import FileLock, Timeout
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from lab.build.hostpip import HostPip
 from lab.build.resolve import Case, base_glibc
-from lab.core.cache import cache_dir
+from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import LabError
 from lab.core.records import Events, no_events
@@ -58,7 +57,6 @@ LOCK_FILE = ".lab-lock.txt"     # inside the tree: it goes into the image as /op
 # The Dockerfile then runs no pip at all (under QEMU even "already satisfied" takes seconds).
 FREEZE_FILE = ".lab-freeze.txt"
 FREEZE_SKIPS = frozenset({"pip", "setuptools", "wheel", "distribute"})  # what pip freeze leaves out
-LOCK_WAIT_S = 3 * 3600          # another process may be downloading 5 GB of CUDA wheels
 UV_TIMEOUT_S = 3 * 3600
 SOURCE_DATE_EPOCH = "315532800"  # set => py_compile writes checked-hash .pyc (valid whatever the mtime)
 
@@ -229,22 +227,12 @@ def ensure_site(job: InstallJob, installer: Installer, events: Events = no_event
     site = load_site(entry, job.target)
     if site is not None:
         return site
-    lock = FileLock(str(root / f"{key}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        events("site", "waiting for another lab process that is installing the same packages")
-        try:
-            lock.acquire(timeout=LOCK_WAIT_S)
-        except Timeout:
-            raise CrossInstallError(f"{root / key}.lock is still held after {LOCK_WAIT_S} s") from None
-    try:
+    with entry_lock(root / f"{key}.lock", lambda: events(
+            "site", "waiting for another lab process that is installing the same packages"), CrossInstallError):
         site = load_site(entry, job.target)
         if site is not None:
             return site
         return _make_entry(job, installer, entry, events)
-    finally:
-        lock.release()
 
 
 def load_site(entry: Path, target: Target) -> Site | None:

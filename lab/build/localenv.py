@@ -37,7 +37,6 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
-from filelock import FileLock, Timeout
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -45,14 +44,13 @@ from packaging.version import InvalidVersion, Version
 from lab.build.crossinstall import SOURCE_DATE_EPOCH, uv_binary
 from lab.build.hostpip import HostPip
 from lab.build.resolve import Case
-from lab.core.cache import cache_dir
+from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import BuildError, LabError
 from lab.core.records import BaseImage, BuiltImage, Events, LocalImage, no_events
 
 LOCAL_ENV_VERSION = 1
 FREEZE_FILE = ".lab-freeze.txt"
-LOCK_WAIT_S = 3 * 3600
 UV_TIMEOUT_S = 3 * 3600
 PROBE_TIMEOUT_S = 120
 
@@ -247,20 +245,10 @@ def _venv(case: Case, host: HostPip, python: str, run_dir: Path, gpu: bool, even
     entry = root / key
     cached = _finished(entry)
     if not cached:
-        lock = FileLock(str(root / f"{key}.lock"))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            events("build", "waiting for another lab process that is making the same venv")
-            try:
-                lock.acquire(timeout=LOCK_WAIT_S)
-            except Timeout:
-                raise BuildError(f"{root / key}.lock is still held after {LOCK_WAIT_S} s") from None
-        try:
+        with entry_lock(root / f"{key}.lock", lambda: events(
+                "build", "waiting for another lab process that is making the same venv"), BuildError):
             if not _finished(entry):
                 _make_venv(case, host, base, entry, events, log)
-        finally:
-            lock.release()
     else:
         events("build", f"venv for {' '.join(case.requirements)}: kept from an earlier run ({entry})")
     freeze = (entry / FREEZE_FILE).read_text()
