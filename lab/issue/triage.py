@@ -152,7 +152,6 @@ def compare_seam(runner: Callable[[str, str], dict] | None = None) -> Compare:
 def _lab_compare(state: TriageState) -> dict:
     from lab.compare.comment import render_comment
     from lab.compare.diff import boundary_pair, compare_runs
-    from lab.compare.diff import summary_lines as compare_lines
     from lab.core.errors import LabError
 
     folder = Path(state.bisect.folder) if state.bisect and state.bisect.folder else None
@@ -163,7 +162,7 @@ def _lab_compare(state: TriageState) -> dict:
         else:
             a, b = Path(state.page_run.run_dir), Path(state.newest_run.run_dir)
             comment = None
-        text = "\n".join(compare_lines(compare_runs(a, b)))
+        text = "\n".join(compare_runs(a, b).summary)
     except (LabError, OSError) as e:
         return {"available": False, "why": f"the comparison could not be made: {e}"}
     found = {"available": True, "a": str(a), "b": str(b), "text": text}
