@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -274,7 +275,8 @@ def library_key(path: str) -> tuple[str, str | None]:
     """`/x/torch.libs/libgomp-f3febf51.so.1.0.0` -> ('libgomp', '1.0.0'); an Inductor kernel (a
     hashed .so under /tmp) -> ('inductor kernel', None)."""
     base = path.rsplit("/", 1)[-1]
-    if path.startswith("/tmp/") and re.fullmatch(r"[0-9a-z_]{20,}\.so", base):
+    if (path.startswith("/tmp/") or "/torchinductor" in path) \
+            and re.fullmatch(r"[0-9a-z_]{20,}(?:\.[0-9a-z_]+)*\.so", base):   # c<hash>.so, c<hash>.main.so
         return "inductor kernel", None
     m = _SO.match(base)
     if not m:
@@ -283,17 +285,25 @@ def library_key(path: str) -> tuple[str, str | None]:
 
 
 def loaded_libraries(folder: Path) -> dict[str, Library] | None:
-    """Every shared library the loader mapped in any process of the run, by name; None without logs."""
+    """Every shared library the loader mapped in any process of the run, by name; None without logs.
+    A second file of the same name (the wheel's libgomp and the system's, say) is kept as
+    `name (copy 2)`, so that a runtime loaded twice on one side shows in the comparison."""
     ld = folder / "out" / "ld"
     if not ld.is_dir() or not any(ld.iterdir()):
         return None
     found: dict[str, Library] = {}
+    paths: dict[str, list[str]] = {}
     for _, proc in sorted(parse_dir(ld).items()):
         for obj in proc.objects:
             name, version = library_key(obj.path)
-            if name not in found:
-                needed = obj.needed_by.rsplit("/", 1)[-1] if obj.needed_by else None
-                found[name] = Library(name=name, path=obj.path, version=version, needed_by=needed)
+            seen = paths.setdefault(name, [])
+            real = os.path.normpath(obj.path)
+            if real in seen or (name == "inductor kernel" and seen):
+                continue
+            seen.append(real)
+            key = name if len(seen) == 1 else f"{name} (copy {len(seen)})"
+            needed = obj.needed_by.rsplit("/", 1)[-1] if obj.needed_by else None
+            found[key] = Library(name=key, path=obj.path, version=version, needed_by=needed)
     return found
 
 
@@ -307,7 +317,8 @@ def compare_libraries(a_dir: Path, b_dir: Path) -> Libraries:
         added=tuple(b[n] for n in sorted(set(b) - set(a))),
         removed=tuple(a[n] for n in sorted(set(a) - set(b))),
         changed=tuple(LibraryChange(name=n, a=a[n], b=b[n]) for n in sorted(set(a) & set(b))
-                      if (a[n].path, a[n].version) != (b[n].path, b[n].version)))
+                      if n != "inductor kernel"  # its file is named by a hash of the code: always new
+                      and (a[n].path, a[n].version) != (b[n].path, b[n].version)))
 
 
 # --- pip packages -----------------------------------------------------------------------------------

@@ -20,6 +20,26 @@ def test_library_names_drop_versions_and_hashes():
     assert library_key("/opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so") == ("libtorch_cpu", None)
     assert library_key("/tmp/torchinductor_lab/ab/cabcdefghijklmnopqrstuvwxyz0123456789.so") == \
         ("inductor kernel", None)
+    # torch >= 2.9 names its kernels c<hash>.main.so
+    assert library_key("/tmp/torchinductor_lab/56/c56tdmqqskl6cjwfklfigwdw2vles4r4ovoq2vl4zsddwrupckos.main.so") == \
+        ("inductor kernel", None)
+
+
+def test_the_libgomp_boundary_shows_the_second_runtime_going_away():
+    """The real libgomp-aarch64 bisection from 2.5.1 to 2.15.0 (QEMU 10): on 2.9.1 the kernel loads the
+    system's libgomp beside the wheel's hashed copy; on 2.10.0 the wheel's libgomp.so.1 serves both."""
+    folder = DATA / "compare" / "bisect-libgomp-aarch64"
+    old, new = boundary_pair(folder)
+    assert (old.name, new.name) == ("torch2.9.1", "torch2.10.0")
+    c = compare_runs(old, new)
+    assert (c.verdict.a, c.verdict.b) == ("reproduced", "not_reproduced")
+    removed = {lib.name: lib for lib in c.libraries.removed}
+    assert removed["libgomp (copy 2)"].path == "/lib/aarch64-linux-gnu/libgomp.so.1"
+    assert removed["libgomp (copy 2)"].needed_by.endswith(".main.so")   # an Inductor kernel needed it
+    gomp = next(ch for ch in c.libraries.changed if ch.name == "libgomp")
+    assert "torch.libs/libgomp-a49a47f9.so.1.0.0" in gomp.a.path and gomp.b.path.endswith("torch/lib/libgomp.so.1")
+    assert all(ch.name != "inductor kernel" for ch in c.libraries.changed)   # a new hash is not a change
+    assert any("- libgomp (copy 2): /lib/aarch64-linux-gnu/libgomp.so.1" in line for line in c.summary)
 
 
 def test_the_boundary_pair_of_a_bisect_folder():
