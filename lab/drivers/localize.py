@@ -153,7 +153,7 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
     from lab.build.image import build_image
     from lab.build.render import plan_build
     from lab.drivers.ablate import run_ablation
-    from lab.pipeline import read_torch_file
+    from lab.pipeline import is_local, read_torch_file
     folder.mkdir(parents=True, exist_ok=True)
     case = replace(case, backend=None, mode=None)
     if case.scenario.ablation.via == "none":
@@ -162,10 +162,18 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
         events("localize", f"backend ablation of torch {case.torch}")
         ablated = run_ablation(case, engine, host, runs_root, events, run_case=run_case)
         layer, ablation, ablation_dir = ablated.conclusion.layer, ablated.conclusion.words, str(ablated.folder)
-    plan = plan_build(case, host, events)
-    image = build_image(plan, engine, host, events, folder / "build.log")  # the ablation's image, cached
-    reader = read_source or (lambda rel: _decoded(read_torch_file(engine, image.tag, case, rel)))
-    bisector = run_bisector(case, engine, image.tag, folder, events, reader(BISECTOR_MODULE))
+    if is_local(engine):
+        # the local engine runs the script in a venv, not an image that compiler_bisector can be
+        # started in; the ablation above ran there, the bisector is for a Docker engine
+        bisector = BisectorResult(available=False, ran=False,
+                                  words="compiler_bisector was not run: it runs in the case's image, and the "
+                                        f"local engine has none (`lab localize {case.scenario.name} --torch "
+                                        f"{case.torch}` on a Docker engine runs it)")
+    else:
+        plan = plan_build(case, host, events)
+        image = build_image(plan, engine, host, events, folder / "build.log")  # the ablation's image, cached
+        reader = read_source or (lambda rel: _decoded(read_torch_file(engine, image.tag, case, rel)))
+        bisector = run_bisector(case, engine, image.tag, folder, events, reader(BISECTOR_MODULE))
     conclusion = "; ".join(filter(None, [f"layer: {layer}" if layer else ablation, bisector.words]))
     result = LocalizeResult(scenario=case.scenario.name, torch=case.torch, arch=case.arch.value, layer=layer,
                             ablation=ablation, ablation_dir=ablation_dir, bisector=bisector, conclusion=conclusion)

@@ -73,3 +73,25 @@ def test_the_real_output_of_a_real_bisector_run():
     fields = parse_bisector_output((real / "compiler_bisector" / "stdout.txt").read_text())
     assert fields == {"backend": "inductor", "subsystem": "lowerings", "bisect_number": 0, "debug_info": "relu"}
     assert bisector_words(fields, 0) == "compiler_bisector: the issue is in `inductor`, subsystem `lowerings`: relu"
+
+
+def test_on_the_local_engine_the_bisector_is_not_run_and_the_reason_is_said(tmp_path):
+    """The local engine has no image to start compiler_bisector in: localize says so (and names the
+    command for a Docker engine) instead of asking the local engine for an image."""
+    from types import SimpleNamespace
+
+    from lab.core.results import LocalizeResult, read_document
+    from lab.drivers.localize import localize
+
+    class LocalOnly(SimpleNamespace):
+        kind = "local"
+
+        def __getattr__(self, name):  # any Docker-only call is a failure of the test
+            raise AssertionError(f"the local engine was asked for {name}")
+
+    case = resolve(load_scenario("compile-py311"), torch="2.0.1", arch="amd64")
+    result = localize(case, LocalOnly(), host=None, runs_root=tmp_path, folder=tmp_path / "localize")
+    assert result.bisector.available is False and result.bisector.ran is False
+    assert "local engine" in result.bisector.words and "lab localize compile-py311 --torch 2.0.1" in \
+        result.bisector.words
+    assert read_document(tmp_path / "localize" / "localize.json", LocalizeResult) == result
