@@ -20,6 +20,7 @@ from lab.build.localenv import check_system_packages, prepare_local
 from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
 from lab.build.resolve import Case, base_python
 from lab.cache_policy import inventory as cache_policy
+from lab.core.arch import EMULATED_ENV
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
@@ -264,8 +265,16 @@ def _command(case: Case, through_runner: bool) -> list[str]:
     return ["python", RUNNER_IN_IMAGE, *script] if through_runner else ["python", *script]
 
 
+def emulated_env(env: dict[str, str], case: Case, engine: Engine) -> dict[str, str]:
+    """`env` with lab.core.arch.EMULATED_ENV's defaults added when `engine` emulates the case's arch (the scenario's
+    own values win)."""
+    if case.arch == engine.arch:
+        return env
+    return {**EMULATED_ENV, **env}
+
+
 def _run_script(case: Case, engine: Engine, tag, run_dir: Path, events: Events, limits: RunLimits):
-    env = case.run_env()
+    env = emulated_env(case.run_env(), case, engine)
     env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": "/out/ld/ld"})
     command = _command(case, through_runner=case.hooked)
     events("run", f"running {' '.join(command)} (timeout {case.scenario.timeout} s, {limits.describe()}"
@@ -289,7 +298,7 @@ def _diagnose(case: Case, engine: Engine, tag, run_dir: Path, events: Events, li
     compile time by phase, and a TORCH_TRACE folder (for tlparse); with `compile_debug`, also
     TORCH_COMPILE_DEBUG=1's folder."""
     folder = run_dir / "diagnose"
-    env = case.run_env()
+    env = emulated_env(case.run_env(), case, engine)
     env.update({"LAB_DIAG_DIR": "/out/diag", "TORCH_TRACE": "/out/trace", "TORCH_LOGS": "recompiles"})
     if compile_debug:
         env.update({"TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": "/out/compile_debug"})

@@ -3,6 +3,7 @@ no engine answers at all, and CI (`.ci/run`) starts one first, so there they alw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,59 @@ def _no_cache_eviction(monkeypatch):
     """Runs in tests enforce the cache cap like any run; a cap no test reaches keeps them from evicting
     what others on a shared engine or cache folder use. Tests of eviction set their own cap."""
     monkeypatch.setenv("LAB_CACHE_CAP", "1000TB")
+
+
+@pytest.fixture
+def frees_its_cuda_build():
+    """For a test whose torch is an x86-64 build from PyPI (a CUDA build: 3 to 6 GB unpacked, then again
+    as an image): afterwards, what it made goes, so that the suite's peak disk is about one such build
+    rather than the sum of them (CI's disk is shared with other machines, and a full disk failed a run).
+
+    Removed: the lab's images made during the test (not the Debian bases), the site trees and venvs
+    made during the test, uv's cached CUDA libraries (nvidia-*, triton; no CPU wheel uses them), and
+    then whatever in uv's cache no install refers to any more (`uv cache prune`)."""
+    import shutil
+
+    from lab.core.config import current
+
+    cache = current().cache_dir
+    dirs = ("site", "venv")
+
+    def folder_entries():
+        return {p for d in dirs for p in (cache / d).glob("*")} if cache.is_dir() else set()
+
+    def managed_images():
+        try:
+            import docker
+            client = docker.from_env(timeout=60)
+            return client, {i.id: i for i in client.images.list(filters={"label": "org.torch-repro-lab.managed=true"})}
+        except Exception:
+            return None, {}
+
+    entries_before = folder_entries()
+    _, images_before = managed_images()
+    yield
+    client, images_after = managed_images()
+    for image_id, image in images_after.items():
+        if image_id in images_before or any(t.startswith("torch-repro-lab/debian") for t in image.tags):
+            continue
+        with contextlib.suppress(Exception):     # in use by a container another test keeps, or gone
+            client.images.remove(image_id, force=True)
+    for path in folder_entries() - entries_before:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.suffix == ".json":
+            path.unlink(missing_ok=True)
+    uv_cache = cache / "uv"
+    if uv_cache.is_dir():
+        from lab.build.crossinstall import uv_binary
+        uv = uv_binary()
+        cuda = sorted({p.name for p in uv_cache.glob("wheels-*/pypi/*")
+                       if p.name.startswith(("nvidia-", "triton"))})
+        if cuda:
+            subprocess.run([uv, "cache", "clean", "--cache-dir", str(uv_cache), *cuda],
+                           capture_output=True, timeout=600)
+        subprocess.run([uv, "cache", "prune", "--cache-dir", str(uv_cache)], capture_output=True, timeout=600)
 
 
 def engine_answers() -> bool:

@@ -245,7 +245,7 @@ def test_lab_engines_lists_local():
 
 @needs_amd64
 @needs_bwrap
-def test_a_bisection_on_the_local_engine_across_three_releases(tmp_path):
+def test_a_bisection_on_the_local_engine_across_three_releases(tmp_path, frees_its_cuda_build):
     runs = tmp_path / "runs"
     proc = run_lab("bisect", "compile-py311", "--from", "2.0.0", "--to", "2.1.0", "--engine", "local",
                    "--out", str(runs), "--json")

@@ -87,3 +87,16 @@ def test_collect_env_is_asked_once_per_engine_and_image(tmp_path, monkeypatch):
     other = SimpleNamespace(tag="t", ref="t", image_id="sha256:def")
     pipeline._collect_env(engine, other, case(), lambda *a: None)
     assert engine.calls == 2
+
+
+def test_an_emulated_run_compiles_in_one_process_unless_the_scenario_says_otherwise():
+    """Under QEMU, torch 2.3.1's forked compile workers deadlocked at exit (lab.pipeline.EMULATED_ENV)."""
+    from types import SimpleNamespace
+
+    from lab.pipeline import emulated_env
+    arm = resolve(load_scenario(SCENARIOS / "vmap-inside-compile.yaml"))
+    on_amd64, on_arm64 = SimpleNamespace(arch=Arch.AMD64), SimpleNamespace(arch=Arch.ARM64)
+    assert emulated_env(arm.run_env(), arm, on_amd64)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in emulated_env(arm.run_env(), arm, on_arm64)    # native
+    own = replace(arm, scenario=arm.scenario.model_copy(update={"env": {"TORCHINDUCTOR_COMPILE_THREADS": "4"}}))
+    assert emulated_env(own.run_env(), own, on_amd64)["TORCHINDUCTOR_COMPILE_THREADS"] == "4"

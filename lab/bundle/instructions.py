@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from lab.core.arch import EMULATED_ENV
 from lab.core.results import RunResult, UnfinishedRun
 
 REPLAY_HEADING = "## How to replay"
@@ -31,7 +32,7 @@ def _base(result: AnyResult, scenario: Mapping[str, Any]) -> tuple[str, str | No
 
 
 def _run_env(scenario: Mapping[str, Any], result: AnyResult) -> dict[str, str]:
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(EMULATED_ENV) if getattr(result, "emulated", False) else {}
     for source in (scenario.get("env"), (scenario.get("resolved") or {}).get("vars")
                    if isinstance(scenario.get("resolved"), dict) else None):
         if isinstance(source, dict):

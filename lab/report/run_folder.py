@@ -20,6 +20,7 @@ from lab.analyze.dynamo import Diagnostics
 from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
 from lab.build.resolve import Case
+from lab.core.arch import EMULATED_ENV
 from lab.core.errors import LabError
 from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
 from lab.core.results import (
@@ -303,7 +304,8 @@ def report_view(rec: RunRecord) -> ReportView:
         script_name=s.script.name, args=_args(case), script=s.script.read_text(errors="replace").rstrip(),
         rerun=shlex.join(_rerun_command(case, rec.local)), platform=case.arch.platform, base_note=base_note,
         build_base=build_base,
-        run_env="".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(case.run_env().items())),
+        run_env="".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(
+            ({**EMULATED_ENV, **case.run_env()} if ev and ev.emulated else case.run_env()).items())),
         logs=tuple(_logs(rec)),
         pip_requirement=case.requirements[0], packages=tuple(_packages(rec.run_dir)),
         base=None if rec.base is None else BaseView(rec.base.requested, _BASE_ORIGIN[rec.base.origin],

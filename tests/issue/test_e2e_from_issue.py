@@ -17,7 +17,7 @@ def lab(*args):
     return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=3600)
 
 
-def test_page_147282_reproduces_with_no_edit(tmp_path):
+def test_page_147282_reproduces_with_no_edit(tmp_path, frees_its_cuda_build):
     made = lab("new", "--from-issue", str(CORPUS / "147282.md"), "-o", str(tmp_path / "sc"), "--json")
     assert made.returncode == 0, made.stderr
     yaml_path = json.loads(made.stdout.strip().splitlines()[-1])["yaml"]
