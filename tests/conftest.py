@@ -32,8 +32,9 @@ def frees_its_cuda_build():
     rather than the sum of them (CI's disk is shared with other machines, and a full disk failed a run).
 
     Removed: the lab's images made during the test (not the Debian bases), the site trees and venvs
-    made during the test, uv's cached CUDA libraries (nvidia-*, triton; no CPU wheel uses them), and
-    then whatever in uv's cache no install refers to any more (`uv cache prune`)."""
+    made during the test, uv's cached CUDA libraries (nvidia-*, triton) and torch wheels (a site tree
+    made before keeps its hard links; a later install of an arm64 release downloads about 100 MB
+    again), and then whatever in uv's cache no install refers to any more (`uv cache prune`)."""
     import shutil
 
     from lab.core.config import current
@@ -71,7 +72,7 @@ def frees_its_cuda_build():
         from lab.build.crossinstall import uv_binary
         uv = uv_binary()
         cuda = sorted({p.name for p in uv_cache.glob("wheels-*/pypi/*")
-                       if p.name.startswith(("nvidia-", "triton"))})
+                       if p.name.startswith(("nvidia-", "triton")) or p.name == "torch"})
         if cuda:
             subprocess.run([uv, "cache", "clean", "--cache-dir", str(uv_cache), *cuda],
                            capture_output=True, timeout=600)

@@ -498,7 +498,8 @@ def test_replay_instructions_gpu_network_limits() -> None:
                                scenario=scenario, folder="f")
     assert "--build-arg BASE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04" in text
     assert ("docker run --rm --platform linux/amd64 --gpus all --memory 8g --pids-limit 4096 --cpus 2.0 "
-            "-e 'A=x y' -e LAB_BACKEND=inductor -e TORCHINDUCTOR_COMPILE_THREADS=1 -e LD_DEBUG=libs,files repro") in text
+            "-e 'A=x y' -e LAB_BACKEND=inductor -e TORCHINDUCTOR_COMPILE_THREADS=1 "
+            "-e LD_DEBUG=libs,files repro") in text
     assert "--network none" not in text and "tar xzf 'my bundle.tar.gz'" in text and "cd f" in text
 
 
