@@ -6,8 +6,8 @@ from enum import Enum
 
 __all__ = ["EMULATED_ENV", "Arch"]
 
-# Under QEMU user mode, a fork of the multi-threaded Python can deadlock in the child: torch 2.1-2.3
-# fork Inductor's compile workers (a ProcessPoolExecutor) as soon as Dynamo imports Inductor, even with
+# Under QEMU user mode, a fork of the multi-threaded Python can deadlock in the child: torch 2.3.1
+# forks Inductor's compile workers (a ProcessPoolExecutor) as soon as Dynamo imports Inductor, even with
 # the eager backend, and at exit Python then waits for a worker that never started (seen with
 # vmap-inside-compile on torch 2.3.1 arm64, two emulated runs at once: the run hung until its timeout).
 # Emulated runs therefore compile in one process unless the scenario's env says otherwise; under
