@@ -20,7 +20,7 @@ from lab.build.localenv import check_system_packages, prepare_local
 from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
 from lab.build.resolve import Case, base_python
 from lab.cache_policy import inventory as cache_policy
-from lab.core.arch import EMULATED_ENV
+from lab.core.arch import with_emulated_env
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
@@ -266,11 +266,8 @@ def _command(case: Case, through_runner: bool) -> list[str]:
 
 
 def emulated_env(env: dict[str, str], case: Case, engine: Engine) -> dict[str, str]:
-    """`env` with lab.core.arch.EMULATED_ENV's defaults added when `engine` emulates the case's arch (the scenario's
-    own values win)."""
-    if case.arch == engine.arch:
-        return env
-    return {**EMULATED_ENV, **env}
+    """`env` with lab.core.arch.EMULATED_ENV's defaults when `engine` emulates the case's arch."""
+    return with_emulated_env(env, case.arch != engine.arch)
 
 
 def _run_script(case: Case, engine: Engine, tag, run_dir: Path, events: Events, limits: RunLimits):

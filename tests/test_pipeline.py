@@ -90,7 +90,7 @@ def test_collect_env_is_asked_once_per_engine_and_image(tmp_path, monkeypatch):
 
 
 def test_an_emulated_run_compiles_in_one_process_unless_the_scenario_says_otherwise():
-    """Under QEMU, torch 2.3.1's forked compile workers deadlocked at exit (lab.pipeline.EMULATED_ENV)."""
+    """Under QEMU, torch 2.3.1's forked compile workers deadlocked at exit (lab.core.arch.EMULATED_ENV)."""
     from types import SimpleNamespace
 
     from lab.pipeline import emulated_env

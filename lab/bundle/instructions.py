@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from lab.core.arch import EMULATED_ENV
+from lab.core.arch import with_emulated_env
 from lab.core.results import RunResult, UnfinishedRun
 
 REPLAY_HEADING = "## How to replay"
@@ -32,7 +32,7 @@ def _base(result: AnyResult, scenario: Mapping[str, Any]) -> tuple[str, str | No
 
 
 def _run_env(scenario: Mapping[str, Any], result: AnyResult) -> dict[str, str]:
-    env: dict[str, str] = dict(EMULATED_ENV) if getattr(result, "emulated", False) else {}
+    env: dict[str, str] = {}
     for source in (scenario.get("env"), (scenario.get("resolved") or {}).get("vars")
                    if isinstance(scenario.get("resolved"), dict) else None):
         if isinstance(source, dict):
@@ -41,7 +41,7 @@ def _run_env(scenario: Mapping[str, Any], result: AnyResult) -> dict[str, str]:
         env["LAB_BACKEND"] = result.backend
     if result.mode:
         env["LAB_MODE"] = result.mode
-    return env
+    return with_emulated_env(env, getattr(result, "emulated", False))
 
 
 def replay_instructions(bundle_name: str, result: AnyResult, *, scenario: Mapping[str, Any] | None = None,

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from lab.compare.diff import CompareError, _text, boundary_pair, compare_runs
-from lab.core.arch import EMULATED_ENV
+from lab.core.arch import with_emulated_env
 from lab.core.results import BisectResult, LocalizeResult, RunResult, read_document, read_result
 from lab.core.scrub import is_secret_name, scrub_text
 
@@ -173,8 +173,7 @@ def _environment(r: RunResult, folder: Path, scenario: dict) -> list[str]:
              f"- torch {r.torch}{commit}, backend {r.backend or 'as the script chooses'}",
              f"- {resolved.get('platform') or r.arch}, {how}, base `{scenario.get('base', '?')}`, "
              f"Docker {r.engine.version}"]
-    env = _masked({**(EMULATED_ENV if getattr(r, "emulated", False) else {}), **(scenario.get("env") or {}),
-                   **(resolved.get("vars") or {})})
+    env = _scenario_env(r, scenario)
     if env:  # spaces around each pair: the scrubbing of `NAME=value` takes everything up to a space
         lines.append("- environment: " + " · ".join(f"{k}={v}" for k, v in sorted(env.items())))
     facts = _collect_env(folder)
@@ -195,6 +194,12 @@ def _collect_env(folder: Path) -> list[tuple[str, str]]:
     return [(k, found[k]) for k in _FACTS if k in found]
 
 
+def _scenario_env(r: RunResult, scenario: dict) -> dict[str, str]:
+    """The run's environment as the scenario gave it (secrets masked), with the emulated defaults."""
+    resolved = scenario.get("resolved") or {}
+    return _masked(with_emulated_env({**(scenario.get("env") or {}), **(resolved.get("vars") or {})}, r.emulated))
+
+
 def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
     resolved = scenario.get("resolved") or {}
     source = resolved.get("source_file") or ""
@@ -206,8 +211,7 @@ def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
         lab += ["--set", f"{key}={value}"]
     platform = resolved.get("platform") or f"linux/{r.arch}"
     base = (resolved.get("base") or {}).get("ref") or scenario.get("base") or "debian:bookworm"
-    env = _masked({**(EMULATED_ENV if getattr(r, "emulated", False) else {}), **(scenario.get("env") or {}),
-                   **(resolved.get("vars") or {})})
+    env = _scenario_env(r, scenario)
     if r.backend:
         env["LAB_BACKEND"] = r.backend
     run_env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(env.items()))

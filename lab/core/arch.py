@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["EMULATED_ENV", "Arch"]
+__all__ = ["EMULATED_ENV", "Arch", "with_emulated_env"]
 
 # Under QEMU user mode, a fork of the multi-threaded Python can deadlock in the child: torch 2.3.1
 # forks Inductor's compile workers (a ProcessPoolExecutor) as soon as Dynamo imports Inductor, even with
@@ -13,6 +13,11 @@ __all__ = ["EMULATED_ENV", "Arch"]
 # Emulated runs therefore compile in one process unless the scenario's env says otherwise; under
 # emulation the worker pool only costs time anyway.
 EMULATED_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+def with_emulated_env(env: dict[str, str], emulated: bool) -> dict[str, str]:
+    """`env` with EMULATED_ENV's defaults under it when the run is emulated (`env`'s own values win)."""
+    return {**EMULATED_ENV, **env} if emulated else env
 
 _ARCH_ALIASES = {"x86_64": "amd64", "x86-64": "amd64", "x64": "amd64", "aarch64": "arm64", "arm64v8": "arm64"}
 

@@ -20,7 +20,7 @@ from lab.analyze.dynamo import Diagnostics
 from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
 from lab.build.resolve import Case
-from lab.core.arch import EMULATED_ENV
+from lab.core.arch import with_emulated_env
 from lab.core.errors import LabError
 from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
 from lab.core.results import (
@@ -305,7 +305,7 @@ def report_view(rec: RunRecord) -> ReportView:
         rerun=shlex.join(_rerun_command(case, rec.local)), platform=case.arch.platform, base_note=base_note,
         build_base=build_base,
         run_env="".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(
-            ({**EMULATED_ENV, **case.run_env()} if ev and ev.emulated else case.run_env()).items())),
+            with_emulated_env(case.run_env(), bool(ev and ev.emulated)).items())),
         logs=tuple(_logs(rec)),
         pip_requirement=case.requirements[0], packages=tuple(_packages(rec.run_dir)),
         base=None if rec.base is None else BaseView(rec.base.requested, _BASE_ORIGIN[rec.base.origin],
