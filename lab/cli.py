@@ -291,13 +291,18 @@ class Progress:
         if not message:
             return
         if stage == "build" and message.startswith("Step "):
-            _say(f"[dim]build[/] {escape(message[:160])}")
+            _say(f"[dim]build[/] {escape(_clip(message, 160))}")
         elif stage in self.SHOWN and not message[0].isdigit():
-            _say(f"[dim]{stage}[/] {escape(message[:160])}")
+            _say(f"[dim]{stage}[/] {escape(_clip(message, 400))}")
         else:
             _say(f"[dim]{stage}[/] {escape(message)}", logging.DEBUG)
         if self._status is not None:
             self._status.update(f"[bold]{stage}[/] {escape(message[:120])}")
+
+
+def _clip(message: str, limit: int) -> str:
+    """`message` cut to `limit` characters, and said to be cut (the full text is in the log with -v)."""
+    return message if len(message) <= limit else message[: limit - 2].rstrip() + " …"
 
 
 @command("list")

@@ -226,3 +226,22 @@ def test_cache_info_json_lists_every_part_and_the_cap(tmp_path):
 def test_cache_bad_input_is_one_paragraph_and_exit_2(tmp_path, args, env, needle):
     proc = run_lab(*args, env={"LAB_CACHE_DIR": str(tmp_path / "cache"), **env})
     assert_one_paragraph_error(proc, needle)
+
+
+def test_progress_lines_are_cut_visibly_and_the_diagnose_hint_is_whole(caplog):
+    """A progress line longer than the screen's share ends in " …" rather than mid-word, and the
+    diagnose step's "how to get it" (DIAGNOSE_HOW) reaches the user whole."""
+    import logging
+
+    from lab.cli import Progress
+    from lab.pipeline import DIAGNOSE_HOW
+    progress = Progress.__new__(Progress)
+    progress._status = None
+    hint = ("not run: skipped by default (no Dynamo or Inductor exception, no graph-break expectation); "
+            + DIAGNOSE_HOW)
+    with caplog.at_level(logging.INFO):
+        progress("diagnose", hint)
+        progress("build", "Step 18/21 : LABEL " + "org.torch-repro-lab.x=1 " * 20)
+    shown = [r.getMessage() for r in caplog.records]
+    assert shown[0].endswith("TORCH_TRACE"), shown[0]
+    assert shown[1].endswith(" …") and len(shown[1]) < 200, shown[1]
