@@ -56,13 +56,23 @@ PROBE_TIMEOUT_S = 120
 
 # Run by the interpreter to describe itself: no import of torch (slow, and it may fail to load).
 _PROBE = r"""
-import json, sys, sysconfig
-from importlib import metadata
+import json, re, sys, sysconfig
+from importlib import metadata, util
 dists = {}
 for d in metadata.distributions():
     name = d.metadata["Name"]
     if name:
         dists.setdefault(name.lower().replace("_", "-").replace(".", "-"), d.version)
+# torch's own __version__ carries the build (2.11.0+cu130) where its metadata may not (2.11.0):
+# read torch/version.py as text, without importing torch
+try:
+    spec = util.find_spec("torch")
+    text = open(spec.origin.rsplit("/", 1)[0] + "/version.py").read()
+    found = re.search(r"^__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)", text, re.M)
+    if found and "torch" in dists:
+        dists["torch"] = found.group(1)
+except Exception:
+    pass
 print(json.dumps({"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3],
                   "prefix": sys.prefix, "base_prefix": sys.base_prefix,
                   "path": [p for p in sys.path if p], "stdlib": sysconfig.get_paths()["stdlib"],
