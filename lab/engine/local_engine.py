@@ -181,11 +181,27 @@ def probe_bwrap(command: str, as_root: bool | None = None) -> Confinement:
     return Confinement(tool, version=version.removeprefix("bubblewrap ").strip() or None, as_root=as_root)
 
 
-def _system_args() -> list[str]:
+def _folders_above(path: str, made: set[str]) -> list[str]:
+    """`--dir` for each folder above `path` that the sandbox does not have yet, made 0755 so the run
+    user can search it: bwrap makes a bind's missing parents 0700 itself, and then an unprivileged
+    script cannot reach what is bound below them (seen on a GPU host, where /opt/nvidia exists:
+    /opt became 0700 and the venv in /opt/torch/.venv gave 'Permission denied')."""
+    args: list[str] = []
+    for parent in reversed(Path(path).parents):
+        p = str(parent)
+        if p not in made and not any(p == s or p.startswith(s + "/") for s in SYSTEM_DIRS):
+            args += ["--perms", "0755", "--dir", p]
+            made.add(p)
+    return args
+
+
+def _system_args(made: set[str] | None = None) -> list[str]:
+    made = {"/"} if made is None else made
     args: list[str] = []
     for top in SYSTEM_DIRS:
         if os.path.isdir(top):
-            args += ["--ro-bind", top, top]
+            args += [*_folders_above(top, made), "--ro-bind", top, top]
+            made.add(top)
     for top in TOP_LINKS:
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
@@ -197,18 +213,13 @@ def _system_args() -> list[str]:
 def sandbox_args(*, tool: str, image: LocalImage, out: Path, limits: RunLimits, as_root: bool,
                  cwd: str = LAB_DIR + "/repro") -> list[str]:
     """The bwrap command line (up to the command itself) for one run. Pure: tests read it."""
-    args = [tool, *_system_args()]
+    made: set[str] = {"/", "/tmp", "/usr", "/etc", "/sys", "/proc", "/dev"}
+    args = [tool, *_system_args(made)]
     if os.path.isdir("/sys"):
         args += ["--ro-bind", "/sys", "/sys"]
     args += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
-    made: set[str] = {"/", "/tmp", "/usr", "/etc", "/sys", "/proc", "/dev"}
-    for bind in image.binds:
-        for parent in reversed(Path(bind).parents):  # the folders above a bind: searchable, not the host's own
-            p = str(parent)
-            if p not in made and not any(p == s or p.startswith(s + "/") for s in SYSTEM_DIRS):
-                args += ["--perms", "0755", "--dir", p]
-                made.add(p)
-        args += ["--ro-bind", bind, bind]
+    for bind in image.binds:  # the folders above a bind: searchable, not the host's own
+        args += [*_folders_above(bind, made), "--ro-bind", bind, bind]
         made.add(bind)
     if "/lab" not in made:
         args += ["--perms", "0755", "--dir", LAB_DIR]
