@@ -4,12 +4,16 @@ runs are in tests/test_e2e_local.py and tests/test_attacks_local.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from lab.build.localenv import missing_system_packages, torch_matches
+from lab.build.localenv import missing_system_packages, probe_python, torch_matches
 from lab.core.records import LocalImage, RunLimits
 from lab.engine.engines import EngineFacts, parse_spec
 from lab.engine.local_engine import (
@@ -54,6 +58,44 @@ def test_the_sandbox_binds_the_system_read_only_and_only_out_writable():
     tail = args[args.index("setpriv"):]
     assert tail[:5] == ["setpriv", "--reuid", str(RUN_UID), "--regid", str(RUN_UID)]
     assert "--no-new-privs" in tail and "--bounding-set=-all" in tail and tail[-1] == "--"
+
+
+def test_the_folders_above_a_system_bind_are_searchable_too(monkeypatch):
+    """A GPU host with /opt/nvidia (a system folder) and the Python in /opt/torch/.venv: /opt is made
+    0755 before /opt/nvidia is bound, or bwrap makes it 0700 and the run user cannot reach the venv."""
+    monkeypatch.setattr("lab.engine.local_engine.os.path.isdir", lambda p: p in ("/usr", "/etc", "/opt/nvidia"))
+    image = replace(IMAGE, binds=("/opt/torch/.venv",))
+    args = sandbox_args(tool="bwrap", image=image, out=Path("/o"), limits=RunLimits(), as_root=True)
+    nvidia = args.index("/opt/nvidia")
+    assert args[nvidia - 5:nvidia + 1] == ["--perms", "0755", "--dir", "/opt", "--ro-bind", "/opt/nvidia"]
+    assert args.count("/opt") == 1  # made once
+    venv = args.index("/opt/torch/.venv")
+    assert args[venv - 5:venv] == ["--perms", "0755", "--dir", "/opt/torch", "--ro-bind"]
+
+
+@pytest.mark.local
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap (run bin/setup-host)")
+def test_the_run_user_reaches_a_python_below_a_system_folders_parent(monkeypatch, tmp_path):
+    """The same against the real bwrap: a 'system' folder and the interpreter's folder share a parent
+    that only the sandbox makes; the unprivileged run user must be able to read below it."""
+    top = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="lab-test-parents-"))
+    try:
+        (top / "opt" / "nvidia").mkdir(parents=True)
+        (top / "opt" / "torch" / "venv").mkdir(parents=True)
+        (top / "opt" / "torch" / "venv" / "marker").write_text("readable\n")
+        for d in (top, top / "opt", top / "opt" / "torch"):
+            d.chmod(0o755)
+        monkeypatch.setattr("lab.engine.local_engine.SYSTEM_DIRS", ("/usr", "/etc", str(top / "opt" / "nvidia")))
+        for name in ("repro", "tools", "out"):
+            (tmp_path / name).mkdir()
+        image = replace(IMAGE, binds=(str(top / "opt" / "torch" / "venv"),), lab_dir=tmp_path)
+        args = sandbox_args(tool=shutil.which("bwrap"), image=image, out=tmp_path / "out", limits=RunLimits(),
+                            as_root=os.geteuid() == 0, cwd="/")
+        proc = subprocess.run([*args, "cat", str(top / "opt" / "torch" / "venv" / "marker")], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout == "readable\n", proc.stderr
+    finally:
+        shutil.rmtree(top)
 
 
 def test_network_only_when_allowed_and_gpu_nodes_only_for_gpu_cases(monkeypatch):
@@ -133,6 +175,26 @@ def test_torch_of_the_current_interpreter_matches_as_pip_would():
     assert torch_matches("2.13.0+cpu", "2.13.0+cpu")
     assert not torch_matches("2.13.0+cu128", "2.13.0+cpu")
     assert not torch_matches("2.12.0", "2.13.0")
+
+
+def test_the_current_interpreters_torch_is_its_build_not_only_its_metadata(tmp_path):
+    """PyPI's CUDA 13 wheel says `2.11.0` in its metadata and `2.11.0+cu130` in torch.__version__ (seen
+    on the GPU host, issue 14): the probe reads torch/version.py, so `--torch 2.11.0+cu130`, the
+    version a user copies from `torch.__version__`, matches the Python already there."""
+    import subprocess
+    import sys
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("raise ImportError('the probe must not import torch')\n")
+    (site / "torch" / "version.py").write_text("from typing import Optional\n\n__all__ = ['__version__']\n"
+                                               "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n")
+    (site / "torch-2.11.0.dist-info").mkdir()
+    (site / "torch-2.11.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\n")
+    interp = probe_python(str(venv / "bin" / "python"))
+    assert interp.dist("torch") == "2.11.0+cu130"
+    assert torch_matches(interp.dist("torch"), "2.11.0+cu130") and torch_matches(interp.dist("torch"), "2.11.0")
 
 
 def test_missing_system_packages_are_named():
