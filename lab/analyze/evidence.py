@@ -39,6 +39,7 @@ from lab.core.results import (
     SingleRuntime,
     StreamCaptureDetail,
 )
+from lab.core.runtimes import CUDA_FAMILIES
 
 _TAIL_BYTES = 64 * 1024
 
@@ -90,6 +91,9 @@ class Evidence:
                 label = RUNTIME_FAMILIES[family].label
                 lines.append(f"one {label} runtime in every process that loaded one: {path} "
                              f"({count} process{'es' if count != 1 else ''})")
+        cuda = [path for family, path, _ in self.single_runtimes if family in CUDA_FAMILIES]
+        if cuda:
+            lines.append("CUDA libraries loaded, one copy of each: " + ", ".join(cuda))
         if self.exception:
             lines.append(f"the script raised `{self.exception.headline}`")
             gb = self.exception.graph_break

@@ -33,6 +33,7 @@ RUNTIME_FAMILIES: Mapping[str, RuntimeFamily] = MappingProxyType({
         _family("libgomp", "GNU OpenMP", "libgomp"),
         _family("libiomp5", "Intel OpenMP", "libiomp5"),
         _family("libomp", "LLVM OpenMP", "libomp"),
+        _family("libcuda", "CUDA driver", "libcuda"),
         _family("cudart", "CUDA", "libcudart"),
         _family("cublas", "cuBLAS", "libcublas"),
         _family("cublasLt", "cuBLASLt", "libcublasLt"),
@@ -41,3 +42,6 @@ RUNTIME_FAMILIES: Mapping[str, RuntimeFamily] = MappingProxyType({
         _family("libstdcxx", "GNU C++", r"libstdc\+\+"),
     )
 })
+
+# The families of a CUDA stack: a run that loaded them names each file in its evidence.
+CUDA_FAMILIES = ("libcuda", "cudart", "cublas", "cublasLt", "cudnn", "nccl")

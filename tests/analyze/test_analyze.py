@@ -48,3 +48,16 @@ def test_emulator_crash_stopped_by_the_lab(tmp_path):
                       stderr="qemu: uncaught target signal 11 (Segmentation fault) - core dumped\n"))
     assert ev.emulator_crash.startswith("qemu: uncaught target signal 11")
     assert any("the lab stopped the container" in w for w in ev.plain_words())
+
+
+def test_a_cuda_run_names_the_cuda_libraries_it_loaded(tmp_path):
+    """Issue 14's seed on a real H200 (tests/data/local-gpu): the loader evidence names the driver
+    and the CUDA runtime libraries of the wheel, one copy of each."""
+    ev = analyze(_raw(tmp_path, DATA / "local-gpu" / "ld", exit_code=1))
+    assert not ev.duplicate_runtimes
+    (words,) = [w for w in ev.plain_words() if w.startswith("CUDA libraries loaded, one copy of each: ")]
+    loaded = dict((family, path) for family, path, _ in ev.single_runtimes)
+    assert loaded["libcuda"].endswith("/libcuda.so.1")
+    assert loaded["cudart"].endswith("nvidia/cu13/lib/libcudart.so.13")
+    assert loaded["cudnn"].endswith("nvidia/cudnn/lib/libcudnn.so.9")
+    assert all(loaded[f] in words for f in ("libcuda", "cudart", "cublas", "cudnn", "nccl"))

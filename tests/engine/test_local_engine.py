@@ -218,3 +218,19 @@ def test_a_sandbox_or_python_that_does_not_start_is_the_engines_failure_not_a_ve
     stderr.write_text("Traceback (most recent call last):\nRuntimeError: the bug\n")
     _check_started(1, stderr, confined)  # the script's own failure: judged as usual
     _check_started(0, stderr, confined)
+
+
+def test_the_recorded_gpu_run_reads_as_a_local_confined_reproduction():
+    """tests/data/local-gpu: the CUDA seed run on an H200 with the Python already there (issue 14).
+    The record still reads with today's schema, and says what a reader of the report relies on."""
+    from lab.core.results import RunResult
+    from tests.conftest import DATA
+    folder = DATA / "local-gpu"
+    result = RunResult.model_validate_json((folder / "result.json").read_text())
+    assert result.verdict.value == "reproduced" and result.torch == "2.11.0+cu130"
+    assert result.engine.kind == "local" and result.local.python_env == "current" and result.local.confined
+    report = (folder / "report.md").read_text()
+    assert "engine local (this host, no container: Ubuntu 24.04.3 LTS, glibc 2.39)" in report
+    assert "does not know how to trace the builtin `torch._C._to_dlpack" in report
+    assert "nvidia/cu13/lib/libcudart.so.13" in report and "libcuda.so.1" in report
+    assert "GPU 0: NVIDIA H200" in (folder / "collect_env.txt").read_text()
