@@ -129,7 +129,8 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         with clock("site"):  # the local engine needs the Dockerfile and context only as a record
             plan = plan_build(case, host, events, installer=None if local else install_with_uv)
     if plan.site is not None and plan.site.root is not None:
-        cache_policy.note_use(paths=(plan.site.root, cache_dir("uv")))
+        cache_policy.note_use(paths=(plan.site.root,))
+        cache_policy.note_wheels_used(plan.site.root)
     started = datetime.now(timezone.utc)
     run_dir = run_dir or report.new_run_dir(runs_root, case, started)
     write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
@@ -156,7 +157,8 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         if image.local is not None:
             record["local"] = _local_ref(engine, image, limits, system or "")
             if image.local.kind == "venv":
-                cache_policy.note_use(paths=(Path(image.local.where), cache_dir("uv")))
+                cache_policy.note_use(paths=(Path(image.local.where),))
+                cache_policy.note_wheels_used(Path(image.local.where))
         else:
             cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
         report.write_scenario(run_dir, case, None if local else image.base)

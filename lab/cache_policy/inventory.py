@@ -5,9 +5,9 @@ What counts as "in use" (never removed, not even by `lab cache prune --all`):
 - an image that any container (of any origin, running or stopped) was made from;
 - anything used since the start of a lab run or bisection still in progress. Each holds a lease,
   `<cache_dir>/leases/<pid>-<start ns>.lease` (its mtime is the start), for as long as it runs, and
-  marks what it uses when it uses it: the site tree and uv's cache get their mtime touched, an image a
-  stamp `<cache_dir>/stamps/<image id>` (lab.pipeline calls `note_use`). A lease whose process is
-  gone is ignored and deleted;
+  marks what it uses when it uses it: the site tree (or venv) and the unpacked wheels in uv's cache
+  it came from get their mtime touched (`note_use`, `note_wheels_used`), an image a stamp
+  `<cache_dir>/stamps/<image id>`. A lease whose process is gone is ignored and deleted;
 - a site tree whose `<key>.lock` is held (it is being made).
 
 Sizes: files are counted once per inode, so a site tree hard-linked to uv's cache is not counted
@@ -20,6 +20,7 @@ images do over a base).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -244,13 +245,76 @@ def disk_entries(root: Path, walk: _Walk) -> list[Entry]:
         elif name == "bases" and top.is_dir():
             for work in sorted(top.iterdir()):
                 add("bases", work.name, [work])
-        elif name in ("uv", "index", "collect_env"):
+        elif name == "uv" and top.is_dir():
+            _uv_entries(top, add)
+        elif name in ("index", "collect_env"):
             add(name, name, [top])
         elif name in _OWN:
             add("other", name, [top], "the lab's own bookkeeping")
         else:
             add("other", name, [top], "not one of the lab's parts: `lab cache prune` leaves it")
     return entries
+
+
+UV_REST = "uv (indexes and wheel pointers)"
+
+
+def _uv_entries(top: Path, add) -> None:
+    """uv's cache, one entry per unpacked wheel (`archive-v*/<id>`, named by its dist-info), so the
+    cap can evict the wheels no recent run used, and one entry for the rest (its indexes and the
+    pointers to those wheels). uv takes a missing unpacked wheel as a cache miss and fetches the
+    wheel again; its own files at the top (`.lock`, `CACHEDIR.TAG`) are not entries."""
+    rest = []
+    for sub in sorted(top.iterdir()):
+        if not sub.is_dir():
+            continue
+        if sub.name.startswith("archive-v"):
+            for archive in sorted(sub.iterdir()):
+                add("uv", _wheel_name(archive), [archive])
+        else:
+            rest.append(sub)
+    if rest:
+        add("uv", UV_REST, rest)
+
+
+def _wheel_name(archive: Path) -> str:
+    """'torch-2.5.1 (archive-v0/Ab12...)' from the dist-info the unpacked wheel holds."""
+    with contextlib.suppress(OSError):
+        infos = sorted(p.name.removesuffix(".dist-info") for p in archive.iterdir() if p.name.endswith(".dist-info"))
+        if infos:
+            return f"{infos[0]} ({archive.parent.name}/{archive.name})"
+    return f"{archive.parent.name}/{archive.name}"
+
+
+def note_wheels_used(prefix: Path, uv_cache: Path | None = None) -> int:
+    """Mark as used now the unpacked wheels in uv's cache that the site tree or venv at `prefix` was
+    installed from (their `METADATA` is the same file, hard-linked; where uv copied instead, the
+    wheel of the same name and version). The number marked."""
+    uv_cache = _root() / "uv" if uv_cache is None else uv_cache
+    installed: dict[str, tuple[int, int] | None] = {}
+    for info in prefix.glob("lib/python*/site-packages/*.dist-info"):
+        try:
+            st = os.stat(info / "METADATA")
+            installed[info.name] = (st.st_dev, st.st_ino)
+        except OSError:
+            installed[info.name] = None
+    if not installed or not uv_cache.is_dir():
+        return 0
+    linked, named = [], []
+    for archives in uv_cache.glob("archive-v*"):
+        for archive in archives.iterdir():
+            with contextlib.suppress(OSError):
+                for info in archive.iterdir():
+                    if info.name in installed:
+                        st = os.stat(info / "METADATA")
+                        same = (st.st_dev, st.st_ino) == installed[info.name]
+                        (linked if same else named).append((info.name, archive))
+    found = {name for name, _ in linked}
+    chosen = [a for _, a in linked] + [a for name, a in named if name not in found]
+    for archive in chosen:
+        with contextlib.suppress(OSError):
+            os.utime(archive)
+    return len(chosen)
 
 
 # ----------------------------------------------------------------------------- images
@@ -386,6 +450,61 @@ def prune_uv(cache: Path, events: Events = no_events, timeout: float = UV_PRUNE_
     return f"uv cache prune removed {m.group(1)} files ({m.group(2)}) that no install refers to"
 
 
+UV_LOCK_WAIT_S = 10.0
+
+
+def _remove_uv(paths: tuple[Path, ...]) -> str | None:
+    """Remove part of uv's cache while holding uv's own cache lock (`<uv>/.lock`, exclusive, as
+    `uv cache clean` takes it), so that no uv process reads it meanwhile. An unpacked wheel goes
+    with the pointers to it (`wheels-v*/.../*.http`, `*.rev`, which name its folder): uv refetches a
+    wheel whose pointer is gone, but a pointer to a missing folder fails an install from a
+    find-links folder ("failed to read directory")."""
+    archive = paths[0] if len(paths) == 1 and paths[0].parent.name.startswith("archive-v") else None
+    uv_root = paths[0].parent.parent if archive is not None else paths[0].parent
+    try:
+        fd = os.open(uv_root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        return f"uv's cache lock could not be opened: {exc}"
+    try:
+        deadline = time.monotonic() + UV_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return "uv is using its cache now (its lock is held)"
+                time.sleep(0.2)
+        if archive is not None:
+            _drop_pointers(uv_root, archive.name.encode())
+        for p in paths:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+    except OSError as exc:
+        return f"could not be removed: {exc}"
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+    return None
+
+
+def _drop_pointers(uv_root: Path, archive_id: bytes, limit: int = 1024**2) -> None:
+    """Delete uv's small pointer files that name `archive_id` (outside the unpacked wheels)."""
+    for top in uv_root.iterdir():
+        if not top.is_dir() or top.name.startswith("archive-v"):
+            continue
+        for folder, _dirs, files in os.walk(top):
+            for name in files:
+                path = os.path.join(folder, name)
+                with contextlib.suppress(OSError):
+                    if os.path.getsize(path) <= limit:
+                        with open(path, "rb") as fh:
+                            found = archive_id in fh.read()
+                        if found:
+                            os.unlink(path)
+
+
 def _remove(e: Entry, engine) -> str | None:
     if isinstance(e.ref, ImageUsage):
         if engine is None:
@@ -395,6 +514,8 @@ def _remove(e: Entry, engine) -> str | None:
         except LabError as exc:
             return str(exc)
     paths: tuple[Path, ...] = e.ref or ()  # type: ignore[assignment]
+    if e.part == "uv" and paths:
+        return _remove_uv(paths)
     lock = None
     if e.part in ("site", "venv") and paths:
         lock = FileLock(str(paths[0].parent / f"{e.name}.lock"))
