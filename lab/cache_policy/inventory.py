@@ -477,16 +477,11 @@ def _remove_uv(paths: tuple[Path, ...]) -> str | None:
                 time.sleep(0.2)
         if archive is not None:
             _drop_pointers(uv_root, archive.name.encode())
-        for p in paths:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink(missing_ok=True)
+        return _delete(paths)
     except OSError as exc:
         return f"could not be removed: {exc}"
     finally:
         os.close(fd)  # closing the descriptor releases the lock
-    return None
 
 
 def _drop_pointers(uv_root: Path, archive_id: bytes, limit: int = 1024**2) -> None:
@@ -524,18 +519,22 @@ def _remove(e: Entry, engine) -> str | None:
         except Timeout:
             return "being made (its lock is held)"
     try:
+        return _delete([p for p in paths if not p.name.endswith(".lock")])
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _delete(paths) -> str | None:
+    """Remove files and folders (a link itself, never what it points to); the problem, or None."""
+    try:
         for p in paths:
-            if p.name.endswith(".lock"):
-                continue
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             else:
                 p.unlink(missing_ok=True)
     except OSError as exc:
         return f"could not be removed: {exc}"
-    finally:
-        if lock is not None:
-            lock.release()
     return None
 
 
