@@ -343,7 +343,8 @@ def test_arch_helpers() -> None:
 
 
 def test_expect_rules() -> None:
-    expected = {"libgomp", "libiomp5", "libomp", "libcuda", "cudart", "cublas", "cublasLt", "cudnn", "nccl", "libstdcxx"}
+    expected = {"libgomp", "libiomp5", "libomp", "libcuda", "cudart", "cublas", "cublasLt", "cudnn", "nccl",
+                "libstdcxx"}
     assert expected == KNOWN_RUNTIME_FAMILIES
     assert Expect(duplicate_runtime="libgomp").duplicate_runtime == "libgomp"
     with pytest.raises(ValidationError):
