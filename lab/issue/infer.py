@@ -77,9 +77,9 @@ def infer(page: IssuePage) -> Inference:
         facts[:] = [Fact("python", OLD_PYTHON, f.line, f"{OLD_BASE}'s python3 (see the fix-ups); the page: "
                          f"{python or 'not given'}") if f.name == "python" else f for f in facts]
     env: dict[str, str] = {}
-    expect = _expect(page, lines, found, chosen, script, facts, fixups, env)
     raw = _find_torch(page, lines, found)[0]
     same_env = raw is not None and _plausible(raw) and Version(Version(raw).public) == Version(torch_v)
+    expect = _expect(page, lines, found, chosen, script, facts, fixups, env, same_torch=same_env)
     pip = _pip(lines, script, torch_v, facts, fixups, keep_pins=same_env)
     return Inference(page=page, torch=torch_v, arch=arch, gpu=gpu, cpu_variant=cpu_variant, pip=pip, env=env,
                      script=script, script_lines=span, expect=expect, facts=facts, fixups=fixups, python=python,
@@ -252,8 +252,50 @@ def _torch(page, lines, found, script, facts, fixups) -> str:
                           default=True))
         return _minimums(raw, script, facts, fixups)
     version, why = releases.normalize(raw)
+    later = _unaffected_before(raw, version, lines, found)
+    if later:
+        version, said = later
+        why = f"{why}, but {said}"
     facts.append(Fact("torch", version, line, how + (f"; {why}" if why else "")))
     return _minimums(version, script, facts, fixups)
+
+
+_VER_SAID = r"(?:v|torch\s*|pytorch\s*)?(\d+\.\d+)(?:\.\d+|\.x)?"
+_UNAFFECTED = (
+    re.compile(r"(?i)\b" + _VER_SAID + r"\s+(?:is|was|are|were)\s+(?:not affected|unaffected|fine|ok|okay|good|"
+               r"working|correct)\b"),
+    re.compile(r"(?i)\b(?:works?|worked)\s+(?:fine\s+|well\s+|correctly\s+|as expected\s+)?(?:on|with|in)\s+"
+               + _VER_SAID + r"\b"),
+    re.compile(r"(?i)\b(?:does\s?n[o']t|did\s?n[o']t|can\s?not|can't|could\s?n[o']t)\s+(?:reproduce|repro|happen|occur)"
+               r"\s+(?:on|with|in)\s+" + _VER_SAID + r"\b"),
+    re.compile(r"(?i)\bnot (?:affected|reproducible|reproduced|present) (?:on|with|in) " + _VER_SAID + r"\b"),
+)
+
+
+def _unaffected_before(raw: str, chosen: str, lines: list[str], found: list[Block]) -> tuple[str, str] | None:
+    """A nightly or source build becomes the release before it, unless the page says that release line
+    is not affected (`I only observe this issue for nightly build. v2.3 is not affected`): then the bug
+    came with the nightly's own release, the first release of its version."""
+    try:
+        public = Version(Version(raw).public)
+    except Exception:  # noqa: BLE001 - not a version: nothing to move
+        return None
+    if not (public.is_prerelease or public.is_devrelease):
+        return None
+    own = releases.first_of(public.base_version)
+    if own is None or Version(own) <= Version(chosen):
+        return None
+    in_code = {i for b in found for i in range(b.line - 1, b.end_line)}
+    minor = Version(chosen).release[:2]
+    for i, text in enumerate(lines):
+        if i in in_code:
+            continue
+        for pattern in _UNAFFECTED:
+            for m in pattern.finditer(text):
+                if Version(m.group(1)).release[:2] == minor:
+                    return own, (f"the page says {m.group(0).strip()!r} (line {i + 1}), so the bug came after "
+                                 f"{chosen}: {own}, the first release of {public.base_version}")
+    return None
 
 
 def _find_torch(page: IssuePage, lines: list[str], found: list[Block]):
@@ -460,7 +502,7 @@ _SIGNALS = ((re.compile(r"(?i)segmentation fault|SIGSEGV|segfault"), 139, "a seg
             (re.compile(r"(?i)illegal instruction|SIGILL"), 132, "an illegal instruction (SIGILL)"))
 
 
-def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str, object]:
+def _expect(page, lines, found, chosen, script, facts, fixups, env, *, same_torch: bool = True) -> dict[str, object]:
     for i, text in enumerate(lines):
         if re.search(r"\bpython3?(?:\.\d+)?\s+(?:-W\s*error|-Werror)\b|PYTHONWARNINGS=error", text):
             env["PYTHONWARNINGS"] = "error"
@@ -469,8 +511,9 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str,
     exc = _page_exception(lines, found)
     if exc:
         text, line = exc
-        facts.append(Fact("expect", f"traceback_contains: {text!r}", line, "the final exception line of the "
-                          "page's traceback"))
+        how = "the final exception line of the page's traceback"
+        text, how = _dynamo_wording(text, how, same_torch)
+        facts.append(Fact("expect", f"traceback_contains: {text!r}", line, how))
         kind = text.split(":", 1)[0]
         filtered = re.search(r"simplefilter\(\s*['\"]error|filterwarnings\(\s*['\"]error", script)
         if kind.endswith("Warning") and "PYTHONWARNINGS" not in env and not filtered:
@@ -482,6 +525,7 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str,
     named = _title_or_comment_exception(page, chosen)
     if named:
         text, line, how = named
+        text, how = _dynamo_wording(text, how, same_torch)
         facts.append(Fact("expect", f"traceback_contains: {text!r}", line, how))
         return {"traceback_contains": text}
     crash = _crash(found, chosen, page)
@@ -517,6 +561,19 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env) -> dict[str,
     facts.append(Fact("expect", "exit_code: 1", None, "no traceback, crash or output on the page and no check in "
                       "the script: reproduced when the script fails", default=True))
     return {"exit_code": 1}
+
+
+def _dynamo_wording(text: str, how: str, same_torch: bool) -> tuple[str, str]:
+    """Dynamo's `Unsupported` message names its own variable trackers, and their wording changes between
+    releases for the same graph break (`builtin: or_ [<class '...ConstDictVariable'>, ...] False` in 2.6.0,
+    `call_function BuiltinVariable(or_) [ConstDictVariable(), ...] {}` on main a week later). Where the lab
+    runs another torch than the page did (the page names none, or a nightly or source build), such a
+    message is expected as the exception type alone."""
+    kind, _, message = text.partition(": ")
+    if same_torch or kind.rsplit(".", 1)[-1] != "Unsupported" or not re.search(r"\b[A-Z]\w*Variable\b", message):
+        return text, how
+    return "Unsupported", (f"{how}, {text[:90]!r}, cut to its type: the lab runs another torch than the page's, "
+                           "and Dynamo words the same graph break differently from release to release")
 
 
 def _page_exception(lines: list[str], found: list[Block]) -> tuple[str, int] | None:
@@ -627,6 +684,23 @@ def _crash(found: list[Block], chosen: Block, page: IssuePage):
         if hits:
             _, code, words = min(hits)
             return code, words, line
+    return _memory_corruption(found, page)
+
+
+_MEMORY = re.compile(r"(?i)\b(?:memory|heap) corruption\b|\bcorrupt(?:ed|s|ing)? (?:the )?(?:memory|heap)\b"
+                     r"|\bheap[- ]buffer[- ]overflow\b|\bdouble free\b")
+
+
+def _memory_corruption(found: list[Block], page: IssuePage):
+    """A page that reports memory corruption in words (the title or its prose, not its code) and shows no
+    signal: a crash, expected as SIGSEGV, the usual end of a write out of bounds."""
+    in_code = {i for b in found for i in range(b.line - 1, b.end_line)}
+    said = [(page.title or "", None)] + [(t, i + 1) for i, t in enumerate(page.lines) if i not in in_code]
+    for text, line in said:
+        if m := _MEMORY.search(text):
+            where = "the title" if line is None else "its text"
+            return 139, (f"memory corruption ({where}: {m.group(0)!r}) and no signal: expected as a segmentation "
+                         "fault (SIGSEGV, exit 139), the usual end of a write out of bounds"), line
     return None
 
 

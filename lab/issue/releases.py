@@ -10,7 +10,7 @@ from datetime import date
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["RELEASES", "MIN_CP311", "MIN_COMPILE", "newest", "on_date", "before", "normalize"]
+__all__ = ["RELEASES", "MIN_CP311", "MIN_COMPILE", "newest", "on_date", "before", "first_of", "normalize"]
 
 RELEASES: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v, d in (
     ("1.13.0", "2022-10-28"), ("1.13.1", "2022-12-15"), ("2.0.0", "2023-03-15"), ("2.0.1", "2023-05-08"),
@@ -41,6 +41,14 @@ def before(version: str) -> str | None:
     target = Version(Version(version).base_version)
     found = [v for v, _ in RELEASES if Version(v) < target]
     return found[-1] if found else None
+
+
+def first_of(version: str) -> str | None:
+    """The oldest release at or after `version`'s release (2.4.0.dev20240521 -> 2.4.0; None when the
+    table has none yet)."""
+    target = Version(Version(version).base_version)
+    found = [v for v, _ in RELEASES if Version(v) >= target]
+    return found[0] if found else None
 
 
 def normalize(text: str) -> tuple[str, str | None]:

@@ -59,7 +59,7 @@ def test_source_build_takes_the_release_before_it():
 def test_no_versions_section_takes_the_release_of_the_issue_date():
     inf = _inf("146538")
     assert inf.torch == "2.6.0" and inf.fact("torch").line is None and "2025-02-05" in inf.fact("torch").how
-    assert inf.expect["traceback_contains"].startswith("Unsupported: call_function BuiltinVariable(or_)")
+    assert inf.expect == {"traceback_contains": "Unsupported"}  # see the test of Dynamo's wording below
 
 
 def test_missing_imports_are_added_and_recorded():
@@ -128,3 +128,43 @@ def test_release_rules():
     assert normalize("2.1")[0] == "2.1.2"
     assert on_date(date(2024, 10, 20)) == "2.5.0"
     assert normalize("9.0.0")[0] == normalize("9.0.0")[0]
+
+
+def test_a_nightly_whose_page_says_the_release_before_is_not_affected_takes_its_own_release():
+    # "I only observe this issue for nightly build. v2.3 is not affected." (page line 46): the release
+    # before the nightly (2.3.1) is the one the page rules out, so the lab runs 2.4.0.
+    inf = _inf("126848")
+    assert inf.torch == "2.4.0"
+    fact = inf.fact("torch")
+    assert fact.line == 56 and "'v2.3 is not affected' (line 46)" in fact.how
+    assert _inf("96459").torch == "2.0.1"  # a nightly with no such sentence keeps the release before it
+    from lab.issue.releases import first_of
+    assert first_of("2.4.0.dev20240521") == "2.4.0" and first_of("2.2.0a0+git1234") == "2.2.0"
+    assert first_of("9.0.0.dev1") is None
+
+
+def test_memory_corruption_in_words_is_a_segfault():
+    # The title and text say "corrupted memory" and show no signal: a crash, not the default exit code 1.
+    inf = _inf("159154")
+    assert inf.expect == {"exit_code": 139}
+    fact = inf.fact("expect")
+    assert fact.line is None and "memory corruption" in fact.how and "'corrupted memory'" in fact.how
+
+
+def test_dynamo_unsupported_is_cut_to_its_type_where_the_lab_runs_another_torch(tmp_path):
+    # 146538 ran on main (no Versions section); the lab runs 2.6.0, whose Dynamo says the same graph
+    # break as "Unsupported: builtin: or_ [<class '...ConstDictVariable'>, ...] False" (measured with
+    # torch 2.6.0), not the page's "call_function BuiltinVariable(or_) [ConstDictVariable(), ...] {}".
+    inf = _inf("146538")
+    assert inf.expect == {"traceback_contains": "Unsupported"}
+    fact = inf.fact("expect")
+    assert fact.line == 25 and "call_function BuiltinVariable(or_)" in fact.how and "cut to its type" in fact.how
+    assert _inf("93152").expect == {"traceback_contains": "Unsupported"}  # main in 2023, run on 2.0.0
+    # The same page with the release it names: the lab runs the page's torch, so the message is kept.
+    text = (CORPUS / "146538.md").read_text() + "\n### Versions\n\nPyTorch version: 2.6.0\n"
+    (tmp_path / "146538.md").write_text(text)
+    same = infer(fetch_issue(str(tmp_path / "146538.md")))
+    assert same.torch == "2.6.0"
+    assert same.expect["traceback_contains"].startswith("Unsupported: call_function BuiltinVariable(or_)")
+    # Other exceptions keep their message whatever the version.
+    assert _inf("118087").expect == {"traceback_contains": "ValueError: diff value"}
