@@ -69,6 +69,17 @@ except OSError as exc:
     print(f"dns: {type(exc).__name__}")
 for sock in ("/var/run/docker.sock", "/run/docker.sock"):
     print("socket", sock, os.path.exists(sock))
+try:  # what Inductor's compile workers need, as in a container: a /dev/shm, and setuptools in the venv
+    import multiprocessing
+    multiprocessing.Lock()
+    print("semaphore ok")
+except OSError as exc:
+    print(f"semaphore: {type(exc).__name__} {exc}")
+try:
+    import setuptools
+    print("setuptools", setuptools.__version__)
+except ImportError as exc:
+    print(f"setuptools: {exc}")
 print("done")
 """
 
@@ -144,6 +155,7 @@ def test_a_confined_run_writes_only_its_out_folder_and_reaches_no_network(tmp_pa
     assert "connect: OSError errno=101" in stdout and "dns: gaierror" in stdout
     assert listener.accepted == 0
     assert "socket /var/run/docker.sock False" in stdout and "socket /run/docker.sock False" in stdout
+    assert "semaphore ok" in stdout and "\nsetuptools " in stdout  # as in a container (Inductor needs both)
     # the records say where it ran
     assert result["engine"]["kind"] == "local" and result["engine"]["name"] == "local"
     assert result["engine"]["version"].startswith("bubblewrap ")

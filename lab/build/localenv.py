@@ -49,7 +49,7 @@ from lab.core.config import current as current_settings
 from lab.core.errors import BuildError, LabError
 from lab.core.records import BaseImage, BuiltImage, Events, LocalImage, no_events
 
-LOCAL_ENV_VERSION = 1
+LOCAL_ENV_VERSION = 2
 FREEZE_FILE = ".lab-freeze.txt"
 UV_TIMEOUT_S = 3 * 3600
 PROBE_TIMEOUT_S = 120
@@ -290,7 +290,10 @@ def _make_venv(case: Case, host: HostPip, base: Interpreter, entry: Path, events
     started = time.monotonic()
     lines: list[str] = []
     try:
-        _uv(uv, ["venv", "--no-config", "--relocatable", "--python", base.executable, str(tmp)], env, lines)
+        # --seed: pip and, up to Python 3.11, setuptools and wheel, as the images' `python3 -m venv` has
+        # them (Inductor imports setuptools there; torch itself does not require it before 2.10)
+        _uv(uv, ["venv", "--no-config", "--relocatable", "--seed", *host.uv_args(), "--python", base.executable,
+                 str(tmp)], env, lines)
         _uv(uv, ["pip", "install", "--no-config", "--python", str(tmp / "bin" / "python"), "--no-build",
                  "--compile-bytecode", *host.uv_args(), *case.requirements], env, lines)
         freeze = _uv(uv, ["pip", "freeze", "--python", str(tmp / "bin" / "python")], env, lines, keep=False)

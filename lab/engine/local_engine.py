@@ -72,6 +72,7 @@ OUT_FOLDERS = ("ld", "diag", "trace", "compile_debug")  # made in /out before th
 SYSTEM_DIRS = ("/usr", "/etc", "/opt/nvidia")
 TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
+SHM_BYTES = 64 * 1024**2  # /dev/shm in the sandbox, as Docker gives a container
 _OUT_CHECK_S = 5.0
 _POLL_S = 0.5
 _KILL_GRACE_S = 5.0
@@ -217,7 +218,10 @@ def sandbox_args(*, tool: str, image: LocalImage, out: Path, limits: RunLimits, 
     args = [tool, *_system_args(made)]
     if os.path.isdir("/sys"):
         args += ["--ro-bind", "/sys", "/sys"]
-    args += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+    args += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+             # a private /dev/shm as in a container (Docker's default size): multiprocessing's
+             # semaphores live there, and Inductor's compile workers use them
+             "--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
     for bind in image.binds:  # the folders above a bind: searchable, not the host's own
         args += [*_folders_above(bind, made), "--ro-bind", bind, bind]
         made.add(bind)

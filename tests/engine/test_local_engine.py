@@ -52,6 +52,8 @@ def test_the_sandbox_binds_the_system_read_only_and_only_out_writable():
     assert args[args.index("--remount-ro") + 1] == "/"
     tmp = args.index("--tmpfs")
     assert args[tmp + 1] == "/tmp" and args[tmp - 2:tmp] == ["--perms", "1777"]
+    shm = args.index("/dev/shm")  # a private one, writable, of Docker's default size
+    assert args[shm - 5:shm] == ["--size", str(64 * 1024**2), "--perms", "1777", "--tmpfs"]
     # the folders above a bind are made searchable in the sandbox (the host's /home/u may be 0700)
     assert args[args.index("/home/u") - 3:args.index("/home/u") + 1] == ["--perms", "0755", "--dir", "/home/u"]
     # as root: setpriv drops to the run user inside, with nothing left
