@@ -25,10 +25,13 @@ from lab.build.hostpip import HostPip
 from lab.build.render import (
     IMAGE_REPO,
     SITE_DIR,
+    STACK_ARG,
     BuildPlan,
+    ContextFile,
     ContextTree,
     image_pip_conf,
     render_dockerfile,
+    split_for_stacking,
     system_packages,
     write_context,
     write_site_tar,
@@ -38,7 +41,7 @@ from lab.core.cache import cache_dir
 from lab.core.errors import BuildError
 from lab.core.records import BuiltImage, Events, no_events
 from lab.core.scrub import redact_secrets, strip_url_credentials
-from lab.engine.docker_engine import Engine
+from lab.engine.docker_engine import LAYERS_REPO, Engine
 
 PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
 
@@ -126,9 +129,15 @@ def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events
         events("build", line)
 
     try:
-        site_args = _ensure_site_image(plan, engine, events)
+        parts = split_for_stacking(plan.dockerfile) if plan.site_image else None
+        if parts is None:
+            site_args, files = _ensure_site_image(plan, engine, events), plan.files
+        else:
+            prefix, suffix, venv = parts
+            site_args = {STACK_ARG: _stacked_site(plan, engine, host, base.ref, prefix, venv, on_line, events)}
+            files = _with_dockerfile(plan.files, suffix)
         with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
-            image_id = engine.build(partial(write_context, plan.files), case.arch, base.ref, tag,
+            image_id = engine.build(partial(write_context, files), case.arch, base.ref, tag,
                                     {**dict(host.proxies), **site_args, **extra_args}, on_line,
                                     network_mode=network_mode)
     except BuildError as exc:
@@ -154,6 +163,30 @@ def _ensure_site_image(plan: BuildPlan, engine: Engine, events: Events) -> dict[
                         "imported once for every image that uses them")
         engine.import_layer(partial(write_site_tar, tree), ref)
     return {"SITE": ref}
+
+
+def _stacked_site(plan: BuildPlan, engine: Engine, host: HostPip, base_ref: str, prefix: str, venv: str,
+                  on_line, events: Events) -> str:
+    """The image the case is built `FROM`: the Dockerfile's steps up to the venv (the engine's build
+    cache keeps them, and a layer anchor tag keeps that image), plus the cross-installed tree stacked
+    on it as one layer (`Engine.stack_layer`), made once per tree and prefix. The tree crosses into
+    the engine once, and no `COPY` writes it again."""
+    case = plan.case
+    key = hashlib.sha256(f"{prefix}\n{base_ref}".encode()).hexdigest()[:16]
+    prefix_id = engine.build(partial(write_context, _with_dockerfile(plan.files, prefix)), case.arch, base_ref,
+                             f"{LAYERS_REPO}:venv-{key}", dict(host.proxies), on_line)
+    ref = f"{plan.site_image}-{prefix_id.removeprefix('sha256:')[:12]}"
+    if engine.image_id(ref) is None:
+        tree = next(f for f in plan.files if isinstance(f, ContextTree) and f.arcname == SITE_DIR)
+        events("build", f"making {ref}: the venv's packages from the host ({tree.size() / 1e6:.0f} MB), "
+                        f"one layer on the image's own venv, loaded once for every image that uses them")
+        engine.stack_layer(prefix_id, partial(write_site_tar, tree, under=venv), ref, case.arch,
+                           f"torch-repro-lab: the venv's packages from the host, into {venv}")
+    return ref
+
+
+def _with_dockerfile(files, text: str) -> tuple:
+    return tuple(ContextFile("Dockerfile", text.encode()) if f.arcname == "Dockerfile" else f for f in files)
 
 
 @contextlib.contextmanager

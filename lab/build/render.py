@@ -4,9 +4,10 @@ The Dockerfile depends only on the case, never on the host, so `lab render` prin
 the same bytes everywhere. Host specifics (CA bundle, pip settings, local wheels, and the
 venv tree cross-installed on the host, `site/`) are covered by the plan's digest, so a change
 rebuilds. The site tree can be gigabytes: its digest is computed once, when its cache entry is
-made (lab.crossinstall), and only mixed in here. It does not travel in the case's context: it
-becomes an image of its own, `torch-repro-lab/site:<digest>-<arch>` (imported once per package set
-from `write_site_tar`), which the Dockerfile copies from (`COPY --from=site`).
+made (lab.crossinstall), and only mixed in here. It does not travel in the case's context. The
+Dockerfile copies it from an image (`COPY --from=site`); the lab itself builds that Dockerfile in
+two parts around that line (`split_for_stacking`), with the tree stacked on the first part's image
+as one layer (`write_site_tar` under the venv, `Engine.stack_layer`), so that it is written once.
 """
 
 from __future__ import annotations
@@ -266,7 +267,8 @@ def site_readme(plan: BuildPlan) -> str:
              "A plain `docker build .` here leaves the build arg SITE at scratch: then pip installs",
              "everything inside the image, the same requirements, only slower under QEMU.", ""]
     if site is not None and site.root is not None:
-        lines += [f"For this run the lab used {plan.site_image}. To build with the tree below:",
+        lines += [f"For this run the lab stacked the tree on the image's own venv as one layer ({plan.site_image}-*,",
+                  "no COPY). To build with the tree below:",
                   f"`tar -C {site.root} -c . | docker import --platform {case.arch.platform} - my-site`,",
                   "then `docker build --build-arg SITE=my-site .`.", "",
                   "```", site.lock_text.rstrip(), "```"]
@@ -322,20 +324,45 @@ def _info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> t
     return info
 
 
-def write_site_tar(tree: ContextTree, out: BinaryIO) -> str:
-    """The site image's only layer, streamed file by file: the tree at the root, as `COPY --from`
-    copies it into the venv. Returns the tar's SHA-256."""
+def write_site_tar(tree: ContextTree, out: BinaryIO, under: str = "") -> str:
+    """The site layer, streamed file by file: the tree at the root, as `COPY --from` copies it into
+    the venv, or `under` a folder (`opt/venv`: the layer stacked on the image's own venv, which
+    `COPY --from` would have written). Returns the tar's SHA-256."""
     hasher = _HashingWriter(out)
+    prefix = under.strip("/") + "/" if under.strip("/") else ""
     with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        parts = prefix.rstrip("/").split("/") if prefix else []
+        for i in range(len(parts)):  # the folders above it, as the image has them
+            tar.addfile(_info("/".join(parts[:i + 1]), tarfile.DIRTYPE, 0o755))
         for e in walk_tree(tree.root) if tree.root is not None else ():
+            name = prefix + e.path
             if e.kind == "dir":
-                tar.addfile(_info(e.path, tarfile.DIRTYPE, e.mode))
+                tar.addfile(_info(name, tarfile.DIRTYPE, e.mode))
             elif e.kind == "symlink":
-                tar.addfile(_info(e.path, tarfile.SYMTYPE, e.mode, link=e.link))
+                tar.addfile(_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
             else:
                 with e.source.open("rb") as fh:
-                    tar.addfile(_info(e.path, tarfile.REGTYPE, e.mode, e.size), fh)
+                    tar.addfile(_info(name, tarfile.REGTYPE, e.mode, e.size), fh)
     return hasher.hexdigest()
+
+
+STACK_ARG = "LAB_STACKED"  # the suffix Dockerfile's base: the prefix's image plus the site layer
+
+
+def split_for_stacking(dockerfile: str) -> tuple[str, str, str] | None:
+    """The lab's Dockerfile cut where it copies the site image into the venv (`COPY --from=site`):
+    the steps before it (base, system packages, user, CA, the venv), and the steps after it, as a
+    Dockerfile of its own `FROM` an image that is the first part's plus the site layer stacked on it
+    (`Engine.stack_layer`), so the tree is not written a second time by `COPY`. None when the
+    Dockerfile has no such line (a bundle's own, say): then it is built whole. The third part is
+    the folder the tree goes into."""
+    lines = dockerfile.splitlines(keepends=True)
+    at = [i for i, ln in enumerate(lines) if ln.startswith("COPY --from=site / ")]
+    if len(at) != 1:
+        return None
+    prefix = "".join(lines[:at[0]])
+    suffix = f"ARG {STACK_ARG}\nFROM ${{{STACK_ARG}}}\n" + "".join(lines[at[0] + 1:])
+    return prefix, suffix, lines[at[0]].split()[-1].rstrip("/")
 
 
 def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:

@@ -220,6 +220,67 @@ class Engine:
             raise BuildError(f"the load of {tag} ended without an image of {arch.value}.")
         return image_id
 
+    def stack_layer(self, parent: str, write_layer: Callable[[BinaryIO], object], tag: str, arch: Arch,
+                    created_by: str) -> str:
+        """An image that is `parent` plus one layer, made through the engine's image load: the
+        parent's layers are named by their digests and not sent again (the engine finds each by its
+        chain and does not read the placeholder that stands for it), and the new layer crosses into
+        the engine once, with no build context, no `COPY` and no commit. The layer is written to a
+        temporary file first, for its digest and size."""
+        try:
+            attrs = self.client.api.inspect_image(parent)
+        except docker.errors.DockerException as exc:
+            raise BuildError(f"the engine could not inspect {parent}: {_short(exc)}") from None
+        parents = list(attrs.get("RootFS", {}).get("Layers") or [])
+        with tempfile.TemporaryFile() as layer:
+            digest = hashlib.sha256()
+
+            class _Digest(io.RawIOBase):
+                def writable(self) -> bool:
+                    return True
+
+                def write(self, b) -> int:  # type: ignore[override]
+                    digest.update(b)
+                    return layer.write(b)
+
+            write_layer(_Digest())
+            size = layer.tell()
+            layer.seek(0)
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the cache's last use falls back on it
+            config = json.dumps({
+                "architecture": attrs.get("Architecture") or arch.value, "os": attrs.get("Os") or "linux",
+                **({"variant": attrs["Variant"]} if attrs.get("Variant") else {}),
+                "created": now, "config": attrs.get("Config") or {},
+                "rootfs": {"type": "layers", "diff_ids": [*parents, f"sha256:{digest.hexdigest()}"]},
+                "history": [{"created": now, "created_by": created_by}],
+            }, sort_keys=True).encode()
+            config_name = hashlib.sha256(config).hexdigest() + ".json"
+            names = [f"parent{i}/layer.tar" for i in range(len(parents))] + ["stacked/layer.tar"]
+            manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": names}]).encode()
+
+            def write_tar(out: BinaryIO) -> None:
+                with tarfile.open(fileobj=out, mode="w|") as tar:
+                    for name, data in [(n, b"") for n in names[:-1]] + [("manifest.json", manifest),
+                                                                        (config_name, config)]:
+                        info = tarfile.TarInfo(name)
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+                    info = tarfile.TarInfo(names[-1])
+                    info.size = size
+                    tar.addfile(info, layer)
+
+            with _TarStream(write_tar) as body:
+                try:
+                    for chunk in self.stream_client.api.load_image(body):
+                        if chunk.get("error"):
+                            raise BuildError(f"the engine could not load {tag}: {chunk['error'].strip()}")
+                except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                    raise BuildError(body.why_broken(f"load {tag}", exc)) from None
+        image_id = self.image_id(tag)
+        if image_id is None:
+            raise BuildError(f"the load of {tag} ended without an image.")
+        return image_id
+
     @property
     def is_local(self) -> bool:
         """Whether the engine runs on this machine (its socket, or TCP to this host's loopback), so

@@ -81,3 +81,33 @@ def test_a_rootfs_is_loaded_as_a_base_of_its_arch_with_the_config_a_build_from_s
         assert engine.build_rootfs(rootfs, tag, Arch.ARM64) == image_id
     finally:
         engine.remove_image(tag)
+
+
+def _read(engine, ref: str, path: str) -> bytes:
+    container = engine.client.containers.create(ref, command=["none"])
+    try:
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            return tar.extractfile(path.rsplit("/", 1)[-1]).read()
+    finally:
+        container.remove()
+
+
+def test_a_layer_stacked_on_an_image_keeps_its_layers_and_config_and_adds_one(engine_and_ref):
+    """Engine.stack_layer: the case's venv packages as one layer on the image's own steps, with no
+    COPY: the parent's layers are the same ones (by digest), its config stays, the new files are there."""
+    engine, parent = engine_and_ref
+    engine.import_layer(lambda out: _tar(out, {"etc/base.txt": b"from the parent\n"}), parent)
+    stacked = parent + "-stacked"
+    try:
+        image_id = engine.stack_layer(parent, lambda out: _tar(out, {"opt/venv/lib/pkg.py": b"X = 1\n"}),
+                                      stacked, Arch.ARM64, "test: one more layer")
+        before = engine.client.images.get(parent).attrs
+        after = engine.client.images.get(stacked).attrs
+        assert after["Id"] == image_id
+        assert after["RootFS"]["Layers"][:-1] == before["RootFS"]["Layers"] and len(after["RootFS"]["Layers"]) == 2
+        assert after["Config"]["Labels"].get(LABEL) == "true"  # the parent's config, its label included
+        assert _read(engine, stacked, "/etc/base.txt") == b"from the parent\n"
+        assert _read(engine, stacked, "/opt/venv/lib/pkg.py") == b"X = 1\n"
+    finally:
+        engine.remove_image(stacked)
