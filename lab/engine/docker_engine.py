@@ -208,13 +208,7 @@ class Engine:
                     tar.addfile(info, io.BytesIO(data))
                 tar.add(rootfs, arcname="rootfs/layer.tar")
 
-        with _TarStream(write_tar) as body:
-            try:
-                for chunk in self.stream_client.api.load_image(body):
-                    if chunk.get("error"):
-                        raise BuildError(f"the engine could not load {tag}: {chunk['error'].strip()}")
-            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
-                raise BuildError(body.why_broken(f"load {tag}", exc)) from None
+        self._load(write_tar, tag)
         image_id = self.image_id(tag, arch)
         if image_id is None:
             raise BuildError(f"the load of {tag} ended without an image of {arch.value}.")
@@ -269,17 +263,21 @@ class Engine:
                     info.size = size
                     tar.addfile(info, layer)
 
-            with _TarStream(write_tar) as body:
-                try:
-                    for chunk in self.stream_client.api.load_image(body):
-                        if chunk.get("error"):
-                            raise BuildError(f"the engine could not load {tag}: {chunk['error'].strip()}")
-                except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
-                    raise BuildError(body.why_broken(f"load {tag}", exc)) from None
+            self._load(write_tar, tag)
         image_id = self.image_id(tag)
         if image_id is None:
             raise BuildError(f"the load of {tag} ended without an image.")
         return image_id
+
+    def _load(self, write_tar: Callable[[BinaryIO], object], tag: str) -> None:
+        """The engine's image load of the tar `write_tar` writes, streamed while it is written."""
+        with _TarStream(write_tar) as body:
+            try:
+                for chunk in self.stream_client.api.load_image(body):
+                    if chunk.get("error"):
+                        raise BuildError(f"the engine could not load {tag}: {chunk['error'].strip()}")
+            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                raise BuildError(body.why_broken(f"load {tag}", exc)) from None
 
     @property
     def is_local(self) -> bool:
