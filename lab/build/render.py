@@ -31,6 +31,7 @@ from lab.build.hostpip import HostPip, local_wheels
 from lab.build.resolve import Case
 from lab.core import config
 from lab.core.errors import ScenarioError
+from lab.core.hashing import HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.resources import RUNNER_NAME, runner_source, template_loader
 from lab.scenario.schema import CONTROL_CHARS, is_debian_package
@@ -301,7 +302,7 @@ def _content_sha256(f: ContextFile) -> str:
 def write_context(files: tuple[ContextEntry, ...], out: BinaryIO) -> str:
     """Write the context as a tar with sorted entries and normalised metadata (owner root,
     mtime 0, mode 0644 or 0755); return the tar's sha256."""
-    hasher = _HashingWriter(out)
+    hasher = HashingWriter(out)
     with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for f in files:
             if isinstance(f, ContextTree):
@@ -328,7 +329,7 @@ def write_site_tar(tree: ContextTree, out: BinaryIO, under: str = "") -> str:
     """The site layer, streamed file by file: the tree at the root, as `COPY --from` copies it into
     the venv, or `under` a folder (`opt/venv`: the layer stacked on the image's own venv, which
     `COPY --from` would have written). Returns the tar's SHA-256."""
-    hasher = _HashingWriter(out)
+    hasher = HashingWriter(out)
     prefix = under.strip("/") + "/" if under.strip("/") else ""
     with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         parts = prefix.rstrip("/").split("/") if prefix else []
@@ -369,21 +370,6 @@ def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
     """The tree's folder only: an old Dockerfile's `COPY site/` then finds it empty. Its content
     goes into the site image (`write_site_tar`)."""
     tar.addfile(_info(tree.arcname, tarfile.DIRTYPE, 0o755))
-
-
-class _HashingWriter(io.RawIOBase):
-    def __init__(self, out: BinaryIO) -> None:
-        self._out, self._sha = out, hashlib.sha256()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:  # type: ignore[override]
-        self._sha.update(b)
-        return self._out.write(b)
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
 
 
 def plan_build(case: Case, host: HostPip, events: Events = no_events,

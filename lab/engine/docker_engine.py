@@ -28,6 +28,7 @@ import requests.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
 from lab.core.errors import BuildError, EngineError
+from lab.core.hashing import HashingWriter
 from lab.core.records import (
     EMULATOR_CRASH,
     STOPPED_EMULATOR,
@@ -227,17 +228,8 @@ class Engine:
             raise BuildError(f"the engine could not inspect {parent}: {_short(exc)}") from None
         parents = list(attrs.get("RootFS", {}).get("Layers") or [])
         with tempfile.TemporaryFile() as layer:
-            digest = hashlib.sha256()
-
-            class _Digest(io.RawIOBase):
-                def writable(self) -> bool:
-                    return True
-
-                def write(self, b) -> int:  # type: ignore[override]
-                    digest.update(b)
-                    return layer.write(b)
-
-            write_layer(_Digest())
+            digest = HashingWriter(layer)
+            write_layer(digest)
             size = layer.tell()
             layer.seek(0)
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the cache's last use falls back on it

@@ -272,6 +272,11 @@ _UNAFFECTED = (
 )
 
 
+def _code_lines(found: list[Block]) -> set[int]:
+    """The 0-based indexes of the page's lines inside its code blocks: what is not the author's prose."""
+    return {i for b in found for i in range(b.line - 1, b.end_line)}
+
+
 def _unaffected_before(raw: str, chosen: str, lines: list[str], found: list[Block]) -> tuple[str, str] | None:
     """A nightly or source build becomes the release before it, unless the page says that release line
     is not affected (`I only observe this issue for nightly build. v2.3 is not affected`): then the bug
@@ -285,7 +290,7 @@ def _unaffected_before(raw: str, chosen: str, lines: list[str], found: list[Bloc
     own = releases.first_of(public.base_version)
     if own is None or Version(own) <= Version(chosen):
         return None
-    in_code = {i for b in found for i in range(b.line - 1, b.end_line)}
+    in_code = _code_lines(found)
     minor = Version(chosen).release[:2]
     for i, text in enumerate(lines):
         if i in in_code:
@@ -694,7 +699,7 @@ _MEMORY = re.compile(r"(?i)\b(?:memory|heap) corruption\b|\bcorrupt(?:ed|s|ing)?
 def _memory_corruption(found: list[Block], page: IssuePage):
     """A page that reports memory corruption in words (the title or its prose, not its code) and shows no
     signal: a crash, expected as SIGSEGV, the usual end of a write out of bounds."""
-    in_code = {i for b in found for i in range(b.line - 1, b.end_line)}
+    in_code = _code_lines(found)
     said = [(page.title or "", None)] + [(t, i + 1) for i, t in enumerate(page.lines) if i not in in_code]
     for text, line in said:
         if m := _MEMORY.search(text):
@@ -713,7 +718,7 @@ def _graph_break_claim(page: IssuePage, lines: list[str], found: list[Block], sc
         return None
     if page.title and re.search(r"(?i)graph[- ]?break", page.title):
         return "the title reports a graph break", None
-    in_code = {i for b in found for i in range(b.line - 1, b.end_line)}
+    in_code = _code_lines(found)
     for i, text in enumerate(lines):
         claim = re.search(r"(?i)\b(causes?|gives?|there is|hits?|leads? to) (a )?graph[- ]?break", text)
         if i not in in_code and claim:
