@@ -196,6 +196,7 @@ def _disk(runs_root: Path, engine=None) -> Check:
     """Free space where runs, the cache and (on a local engine) Docker's images live; the cache's
     size at its last count against its cap (`lab cache info` counts it now)."""
     from lab.cache_policy.inventory import last_count
+    from lab.cache_policy.policy import default_cap
     from lab.core.config import current
     where = runs_root if runs_root.exists() else Path.cwd()
     cache = current().cache_dir
@@ -207,8 +208,14 @@ def _disk(runs_root: Path, engine=None) -> Check:
     worst = min((shutil.disk_usage(p).free, p) for p in probes)
     free_gib = worst[0] / 2**30
     count = last_count()
-    held = (f"; the lab's cache held {count[0] / 2**30:.1f} GiB of its {count[1] / 2**30:.1f} GiB cap at its "
-            "last count") if count else ""
+    held = ""
+    if count:  # the size at the last count, against the cap in effect now: the last count's may have been
+        # set for that one process (the test suite sets its own)
+        cap = current()["cache_cap"]
+        if cap is None:
+            cap = default_cap(shutil.disk_usage(cache).free if cache.exists() else worst[0], count[0])
+        held = (f"; the lab's cache held {count[0] / 2**30:.1f} GiB at its last count, and its cap is "
+                f"{cap / 2**30:.1f} GiB")
     if free_gib < MIN_FREE_GIB:
         return Check("disk space", "fail" if free_gib < 5 else "warn",
                      f"low: {free_gib:.1f} GiB free at {worst[1]} (a torch image takes 2-8 GiB){held}",

@@ -169,4 +169,8 @@ def test_low_free_disk_warns_with_the_cache_prune_fix(tmp_path, monkeypatch):
     assert doctor._disk(tmp_path).status == "fail"
     monkeypatch.setattr(doctor.shutil, "disk_usage", real_shutil.disk_usage)
     (tmp_path / "cache" / "last-count.json").write_text('{"at": 1, "total": 3221225472, "cap": 10737418240}')
-    assert "held 3.0 GiB of its 10.0 GiB cap" in doctor._disk(tmp_path).detail
+    monkeypatch.setenv("LAB_CACHE_CAP", "10GiB")
+    assert "held 3.0 GiB at its last count, and its cap is 10.0 GiB" in doctor._disk(tmp_path).detail
+    # the cap in effect now, not the one a process with its own setting (the test suite's) counted with
+    (tmp_path / "cache" / "last-count.json").write_text('{"at": 1, "total": 3221225472, "cap": 1099511627776000}')
+    assert "held 3.0 GiB at its last count, and its cap is 10.0 GiB" in doctor._disk(tmp_path).detail
