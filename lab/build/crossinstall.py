@@ -32,12 +32,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import BinaryIO
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -47,6 +49,7 @@ from lab.build.resolve import Case, base_glibc
 from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import LabError
+from lab.core.hashing import HashingWriter
 from lab.core.records import Events, no_events
 
 CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
@@ -166,6 +169,7 @@ class Site:
     digest: str = hashlib.sha256(b"").hexdigest()
     size: int = 0
     files: int = 0
+    layer: LayerDigest | None = None  # the tree's tar under the image's venv: stacked without a count
     packages: tuple[Locked, ...] = ()
     pending: tuple[Pending, ...] = ()
     notes: tuple[str, ...] = ()     # what the user is told (pending requirements, or why nothing)
@@ -246,6 +250,7 @@ def load_site(entry: Path, target: Target) -> Site | None:
             return None
         pending = tuple(Pending(**p) for p in meta["pending"])
         return Site(target=target, root=entry, digest=meta["digest"], size=size, files=files,
+                    layer=LayerDigest(**meta["layer"]) if "layer" in meta else None,
                     packages=tuple(Locked(**p) for p in meta["packages"]), pending=pending,
                     notes=tuple(p.note(target) for p in pending), cached=True,
                     lock_text=(entry / LOCK_FILE).read_text())
@@ -265,12 +270,13 @@ def _make_entry(job: InstallJob, installer: Installer, entry: Path, events: Even
         started = time.monotonic()
         installed = installer(job, tmp)
         text = finish_tree(tmp, job, installed)
-        digest, size, files = tree_digest(tmp)
+        digest, size, files, layer = tree_digest(tmp)
         os.replace(tmp, entry)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     meta = {"version": CROSS_INSTALL_VERSION, "digest": digest, "size": size, "files": files,
+            "layer": _asdict(layer),
             "requirements": list(job.requirements), "target": job.target.label, "tool": installed.tool,
             "seconds": round(time.monotonic() - started, 1),
             "made": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
@@ -280,7 +286,7 @@ def _make_entry(job: InstallJob, installer: Installer, entry: Path, events: Even
     meta_tmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(meta_tmp, entry.with_suffix(".json"))
     events("site", f"installed {len(installed.packages)} packages ({size / 1e6:.0f} MB) in {meta['seconds']} s")
-    return Site(target=job.target, root=entry, digest=digest, size=size, files=files,
+    return Site(target=job.target, root=entry, digest=digest, size=size, files=files, layer=layer,
                 packages=installed.packages, pending=installed.pending,
                 notes=tuple(p.note(job.target) for p in installed.pending), lock_text=text)
 
@@ -471,19 +477,85 @@ def walk_tree(root: Path) -> Iterator[TreeEntry]:
     return iter(sorted(entries, key=lambda e: e.path))
 
 
-def tree_digest(root: Path) -> tuple[str, int, int]:
-    """(sha256 over every entry's path, kind, mode and content; total size; file count)."""
+@dataclass(frozen=True, slots=True)
+class LayerDigest:
+    """The SHA-256 and size of the tree's tar `under` a folder (`write_tree_tar`), as the engine's
+    image load must be told them before it reads the layer."""
+
+    under: str
+    sha256: str
+    size: int
+
+
+def tree_digest(root: Path, under: str = VENV_IN_IMAGE) -> tuple[str, int, int, LayerDigest]:
+    """(sha256 over every entry's path, kind, mode and content; total size; file count; the tar of
+    the tree `under` a folder), in one read of the tree: the tar is written to nowhere, hashed."""
     sha = hashlib.sha256(b"torch-repro-lab tree v1\n")
-    size = files = 0
-    for e in walk_tree(root):
+    counts = [0, 0]
+
+    def seen(e: TreeEntry, content: str) -> None:
         if e.kind == "file":
-            content = _file_sha256(e.source)
-            size += e.size
-            files += 1
-        else:
-            content = e.link
+            counts[0] += e.size
+            counts[1] += 1
         sha.update(f"{e.kind}\0{e.path}\0{e.mode:o}\0{e.size}\0{content}\n".encode())
-    return sha.hexdigest(), size, files
+
+    layer = HashingWriter(_Nowhere())
+    write_tree_tar(root, layer, under, seen)
+    return sha.hexdigest(), counts[0], counts[1], LayerDigest(under.strip("/"), layer.hexdigest(), layer.size)
+
+
+def tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
+    """A tar entry with normalised metadata: owner root, no names, mtime 0."""
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def write_tree_tar(root: Path | None, out: BinaryIO, under: str = "",
+                   seen: Callable[[TreeEntry, str], None] | None = None) -> None:
+    """The tree as a tar, streamed file by file, sorted, with normalised metadata: at the root, or
+    `under` a folder (with the folders above it, as an image has them). `seen` gets each entry and
+    its content's SHA-256 (a symlink: its target), hashed while the tar reads it."""
+    prefix = under.strip("/") + "/" if under.strip("/") else ""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        parts = prefix.rstrip("/").split("/") if prefix else []
+        for i in range(len(parts)):
+            tar.addfile(tar_info("/".join(parts[:i + 1]), tarfile.DIRTYPE, 0o755))
+        for e in walk_tree(root) if root is not None else ():
+            name, content = prefix + e.path, e.link
+            if e.kind == "dir":
+                tar.addfile(tar_info(name, tarfile.DIRTYPE, e.mode))
+            elif e.kind == "symlink":
+                tar.addfile(tar_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
+            else:
+                with e.source.open("rb") as fh:
+                    reader = _HashingReader(fh)
+                    tar.addfile(tar_info(name, tarfile.REGTYPE, e.mode, e.size), reader)
+                content = reader.hexdigest()
+            if seen is not None:
+                seen(e, content)
+
+
+class _HashingReader:
+    """A file read through it has its SHA-256 taken on the way."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh, self._sha = fh, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._fh.read(n)
+        self._sha.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class _Nowhere:
+    def write(self, b) -> int:
+        return len(b)
 
 
 def _file_sha256(path: Path) -> str:

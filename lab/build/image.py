@@ -180,8 +180,10 @@ def _stacked_site(plan: BuildPlan, engine: Engine, host: HostPip, base_ref: str,
         tree = next(f for f in plan.files if isinstance(f, ContextTree) and f.arcname == SITE_DIR)
         events("build", f"making {ref}: the venv's packages from the host ({tree.size() / 1e6:.0f} MB), "
                         f"one layer on the image's own venv, loaded once for every image that uses them")
+        layer = plan.site.layer if plan.site is not None else None
+        known = (layer.sha256, layer.size) if layer is not None and layer.under == venv.strip("/") else None
         engine.stack_layer(prefix_id, partial(write_site_tar, tree, under=venv), ref, case.arch,
-                           f"torch-repro-lab: the venv's packages from the host, into {venv}")
+                           f"torch-repro-lab: the venv's packages from the host, into {venv}", known=known)
     return ref
 
 

@@ -26,7 +26,16 @@ from typing import BinaryIO
 import jinja2
 
 from lab import __version__
-from lab.build.crossinstall import VENV_IN_IMAGE, Installer, Site, install_with_uv, no_site, prepare_site, walk_tree
+from lab.build.crossinstall import (
+    VENV_IN_IMAGE,
+    Installer,
+    Site,
+    install_with_uv,
+    no_site,
+    prepare_site,
+    tar_info,
+    write_tree_tar,
+)
 from lab.build.hostpip import HostPip, local_wheels
 from lab.build.resolve import Case
 from lab.core import config
@@ -308,7 +317,7 @@ def write_context(files: tuple[ContextEntry, ...], out: BinaryIO) -> str:
             if isinstance(f, ContextTree):
                 _add_tree(tar, f)
                 continue
-            info = _info(f.arcname, tarfile.REGTYPE, 0o644, f.size())
+            info = tar_info(f.arcname, tarfile.REGTYPE, 0o644, f.size())
             if f.data is not None:
                 tar.addfile(info, io.BytesIO(f.data))
             else:
@@ -317,33 +326,12 @@ def write_context(files: tuple[ContextEntry, ...], out: BinaryIO) -> str:
     return hasher.hexdigest()
 
 
-def _info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
 def write_site_tar(tree: ContextTree, out: BinaryIO, under: str = "") -> str:
     """The site layer, streamed file by file: the tree at the root, as `COPY --from` copies it into
     the venv, or `under` a folder (`opt/venv`: the layer stacked on the image's own venv, which
     `COPY --from` would have written). Returns the tar's SHA-256."""
     hasher = HashingWriter(out)
-    prefix = under.strip("/") + "/" if under.strip("/") else ""
-    with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        parts = prefix.rstrip("/").split("/") if prefix else []
-        for i in range(len(parts)):  # the folders above it, as the image has them
-            tar.addfile(_info("/".join(parts[:i + 1]), tarfile.DIRTYPE, 0o755))
-        for e in walk_tree(tree.root) if tree.root is not None else ():
-            name = prefix + e.path
-            if e.kind == "dir":
-                tar.addfile(_info(name, tarfile.DIRTYPE, e.mode))
-            elif e.kind == "symlink":
-                tar.addfile(_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
-            else:
-                with e.source.open("rb") as fh:
-                    tar.addfile(_info(name, tarfile.REGTYPE, e.mode, e.size), fh)
+    write_tree_tar(tree.root, hasher, under)
     return hasher.hexdigest()
 
 
@@ -369,7 +357,7 @@ def split_for_stacking(dockerfile: str) -> tuple[str, str, str] | None:
 def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
     """The tree's folder only: an old Dockerfile's `COPY site/` then finds it empty. Its content
     goes into the site image (`write_site_tar`)."""
-    tar.addfile(_info(tree.arcname, tarfile.DIRTYPE, 0o755))
+    tar.addfile(tar_info(tree.arcname, tarfile.DIRTYPE, 0o755))
 
 
 def plan_build(case: Case, host: HostPip, events: Events = no_events,

@@ -12,12 +12,14 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlparse
@@ -216,46 +218,30 @@ class Engine:
         return image_id
 
     def stack_layer(self, parent: str, write_layer: Callable[[BinaryIO], object], tag: str, arch: Arch,
-                    created_by: str) -> str:
+                    created_by: str, known: tuple[str, int] | None = None) -> str:
         """An image that is `parent` plus one layer, made through the engine's image load: the
         parent's layers are named by their digests and not sent again (the engine finds each by its
         chain and does not read the placeholder that stands for it), and the new layer crosses into
-        the engine once, with no build context, no `COPY` and no commit. The layer is written to a
-        temporary file first, for its digest and size."""
+        the engine once, with no build context, no `COPY` and no commit. The load must name the
+        layer's SHA-256 and size before it sends it: `known` gives them (counted when the tree was
+        made), and the layer is streamed while it is written; without them, or when the engine
+        finds that the layer no longer has that digest, it is written to a temporary file first."""
         try:
             attrs = self.client.api.inspect_image(parent)
         except docker.errors.DockerException as exc:
             raise BuildError(f"the engine could not inspect {parent}: {_short(exc)}") from None
-        parents = list(attrs.get("RootFS", {}).get("Layers") or [])
+        if known is not None:
+            with contextlib.suppress(BuildError):  # the tree changed since it was counted
+                self._load(partial(_stacked_tar, attrs, arch, tag, created_by, known, write_layer), tag)
+                image_id = self.image_id(tag)
+                if image_id is not None:
+                    return image_id
         with tempfile.TemporaryFile() as layer:
             digest = HashingWriter(layer)
             write_layer(digest)
-            size = layer.tell()
             layer.seek(0)
-            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the cache's last use falls back on it
-            config = json.dumps({
-                "architecture": attrs.get("Architecture") or arch.value, "os": attrs.get("Os") or "linux",
-                **({"variant": attrs["Variant"]} if attrs.get("Variant") else {}),
-                "created": now, "config": attrs.get("Config") or {},
-                "rootfs": {"type": "layers", "diff_ids": [*parents, f"sha256:{digest.hexdigest()}"]},
-                "history": [{"created": now, "created_by": created_by}],
-            }, sort_keys=True).encode()
-            config_name = hashlib.sha256(config).hexdigest() + ".json"
-            names = [f"parent{i}/layer.tar" for i in range(len(parents))] + ["stacked/layer.tar"]
-            manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": names}]).encode()
-
-            def write_tar(out: BinaryIO) -> None:
-                with tarfile.open(fileobj=out, mode="w|") as tar:
-                    for name, data in [(n, b"") for n in names[:-1]] + [("manifest.json", manifest),
-                                                                        (config_name, config)]:
-                        info = tarfile.TarInfo(name)
-                        info.size = len(data)
-                        tar.addfile(info, io.BytesIO(data))
-                    info = tarfile.TarInfo(names[-1])
-                    info.size = size
-                    tar.addfile(info, layer)
-
-            self._load(write_tar, tag)
+            self._load(partial(_stacked_tar, attrs, arch, tag, created_by, (digest.hexdigest(), digest.size),
+                               partial(shutil.copyfileobj, layer)), tag)
         image_id = self.image_id(tag)
         if image_id is None:
             raise BuildError(f"the load of {tag} ended without an image.")
@@ -268,7 +254,7 @@ class Engine:
                 for chunk in self.stream_client.api.load_image(body):
                     if chunk.get("error"):
                         raise BuildError(f"the engine could not load {tag}: {chunk['error'].strip()}")
-            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+            except OSError as exc:  # the engine's answer (APIError), the connection, or the tar's writer
                 raise BuildError(body.why_broken(f"load {tag}", exc)) from None
 
     @property
@@ -769,6 +755,46 @@ def _remove(container) -> None:
         time.sleep(1)
         with contextlib.suppress(docker.errors.APIError):
             container.remove(force=True, v=True)
+
+
+def _stacked_tar(attrs: dict, arch: Arch, tag: str, created_by: str, layer: tuple[str, int],
+                 write_layer: Callable[[BinaryIO], object], out: BinaryIO) -> None:
+    """The image load's tar for `Engine.stack_layer`: an empty placeholder for each of the parent's
+    layers, the manifest, the config (the parent's, with the new layer's digest added), and the
+    layer itself, which `write_layer` writes straight into the stream. A layer that turns out
+    longer or shorter than its size breaks the tar, so the load fails rather than take it."""
+    digest, size = layer
+    parents = list(attrs.get("RootFS", {}).get("Layers") or [])
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the cache's last use falls back on it
+    config = json.dumps({
+        "architecture": attrs.get("Architecture") or arch.value, "os": attrs.get("Os") or "linux",
+        **({"variant": attrs["Variant"]} if attrs.get("Variant") else {}),
+        "created": now, "config": attrs.get("Config") or {},
+        "rootfs": {"type": "layers", "diff_ids": [*parents, f"sha256:{digest}"]},
+        "history": [{"created": now, "created_by": created_by}],
+    }, sort_keys=True).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    names = [f"parent{i}/layer.tar" for i in range(len(parents))] + ["stacked/layer.tar"]
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": names}]).encode()
+    for name, data in [(n, b"") for n in names[:-1]] + [("manifest.json", manifest), (config_name, config)]:
+        _tar_member(out, name, len(data), lambda o, data=data: o.write(data))
+
+    def write_counted(o: BinaryIO) -> None:
+        counted = HashingWriter(o)
+        write_layer(counted)
+        if counted.size != size:
+            raise OSError(f"the layer is {counted.size} bytes, not the {size} counted before")
+
+    _tar_member(out, names[-1], size, write_counted)
+    out.write(b"\0" * 1024)  # the end of the archive
+
+
+def _tar_member(out: BinaryIO, name: str, size: int, write_data: Callable[[BinaryIO], object]) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    out.write(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict"))
+    write_data(out)
+    out.write(b"\0" * (-size % tarfile.BLOCKSIZE))
 
 
 class _TarStream:

@@ -1,9 +1,12 @@
+import hashlib
+import io
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from lab.build.crossinstall import (
     tree_digest,
     unfinished,
     walk_tree,
+    write_tree_tar,
 )
 from lab.build.hostpip import HostPip, discover
 from lab.build.resolve import resolve
@@ -143,13 +147,33 @@ def test_walk_tree_keeps_inside_symlinks_and_refuses_others(tmp_path: Path):
 def test_tree_digest_sees_content_and_the_executable_bit(tmp_path: Path):
     (tmp_path / "a").write_text("x")
     first = tree_digest(tmp_path)
-    assert first[1:] == (1, 1)
+    assert first[1:3] == (1, 1)
     (tmp_path / "a").chmod(0o755)
     assert tree_digest(tmp_path)[0] != first[0]
     (tmp_path / "a").chmod(0o644)
     assert tree_digest(tmp_path) == first
     (tmp_path / "a").write_text("y")
     assert tree_digest(tmp_path)[0] != first[0]
+
+
+def test_the_layer_counted_with_the_tree_is_the_tar_that_is_stacked(tmp_path: Path):
+    """The image load is told the layer's digest and size before it reads it: the ones counted
+    when the tree was made must be those of the tar written later, under the venv."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "m.py").write_text("x = 1\n" * 5000)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "tool").write_text("#!/opt/venv/bin/python\n")
+    (tmp_path / "bin" / "tool").chmod(0o755)
+    (tmp_path / "bin" / "alias").symlink_to("tool")
+    digest, size, files, layer = tree_digest(tmp_path)
+    out = io.BytesIO()
+    write_tree_tar(tmp_path, out, "/opt/venv")
+    data = out.getvalue()
+    assert (layer.under, layer.sha256, layer.size) == ("opt/venv", hashlib.sha256(data).hexdigest(), len(data))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
+    assert names[:2] == ["opt", "opt/venv"] and "opt/venv/bin/alias" in names and files == 2
+    assert (digest, size) == tree_digest(tmp_path)[:2]  # the tree digest does not depend on the folder
 
 
 def test_an_entry_is_made_once_then_read_from_the_cache(cache: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 import uuid
@@ -111,3 +112,35 @@ def test_a_layer_stacked_on_an_image_keeps_its_layers_and_config_and_adds_one(en
         assert _read(engine, stacked, "/opt/venv/lib/pkg.py") == b"X = 1\n"
     finally:
         engine.remove_image(stacked)
+
+
+@pytest.mark.parametrize("wrong", ["digest", "size"])
+def test_a_layer_streamed_under_its_counted_digest_and_one_counted_wrong(engine_and_ref, wrong):
+    """With the layer's digest and size counted before (when the site tree was made), it is
+    streamed with no temporary file; when the tree no longer matches them (changed in the cache),
+    the engine refuses that load and the lab counts the layer again, so the image is still right."""
+    engine, parent = engine_and_ref
+    engine.import_layer(lambda out: _tar(out, {"etc/base.txt": b"from the parent\n"}), parent)
+    layer = io.BytesIO()
+    files = {"opt/venv/lib/pkg.py": b"X = 1\n", "opt/venv/lib/big.bin": bytes(range(256)) * 9_000}
+    _tar(layer, files)
+    digest, size = hashlib.sha256(layer.getvalue()).hexdigest(), len(layer.getvalue())
+    streamed, recounted = parent + "-streamed", parent + "-recounted"
+    bad = ("0" * 64, size) if wrong == "digest" else (digest, size + 512)
+    writes: list[str] = []
+
+    def write(out, ref: str) -> None:
+        writes.append(ref)
+        _tar(out, files)
+
+    try:
+        engine.stack_layer(parent, lambda out: write(out, streamed), streamed, Arch.ARM64, "test",
+                           known=(digest, size))
+        engine.stack_layer(parent, lambda out: write(out, recounted), recounted, Arch.ARM64, "test", known=bad)
+        assert writes == [streamed, recounted, recounted]  # streamed once; the wrong count: once more
+        layers = [engine.client.images.get(ref).attrs["RootFS"]["Layers"] for ref in (streamed, recounted)]
+        assert layers[0] == layers[1] and layers[0][-1] == f"sha256:{digest}"
+        assert _read(engine, recounted, "/opt/venv/lib/big.bin") == files["opt/venv/lib/big.bin"]
+    finally:
+        engine.remove_image(streamed)
+        engine.remove_image(recounted)
