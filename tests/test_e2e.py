@@ -61,6 +61,28 @@ def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(runs):
 
 
 @pytest.mark.arm64
+def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
+    """The bootstrap updated ca-certificates on the host (lab.build.cacerts), not under QEMU:
+    in the image, Debian's update-ca-certificates, run again from scratch, finds nothing to change,
+    and no diversion of it is left."""
+    found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
+    result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
+    listing = ("find /etc/ssl/certs -printf '%y %p %l\\n' | sort; sha256sum /etc/ssl/certs/ca-certificates.crt")
+    script = (f"{listing}; echo ---; dpkg-divert --list; echo ---; "
+              f"update-ca-certificates --fresh >/dev/null; {listing}")
+    client = docker.from_env()
+    out = client.containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
+                                user="root", network_disabled=True, remove=True).decode()
+    made, diversions, again = out.split("---\n")
+    assert made == again
+    links = [line.split(" ", 2)[1:] for line in made.splitlines() if line.startswith("l ")]
+    mozilla = "/usr/share/ca-certificates/mozilla/"
+    assert len([t for p, t in links if p.endswith(".pem") and t.startswith(mozilla)]) > 100
+    assert len([t for p, t in links if p.endswith(".0") and t.endswith(".pem")]) > 100
+    assert "update-ca-certificates" not in diversions
+
+
+@pytest.mark.arm64
 def test_dlpack_cpu_reproduces_with_the_dynamo_message(runs):
     result, _ = lab_run("dlpack-cpu", out=runs)
     assert result["verdict"] == "reproduced", result
