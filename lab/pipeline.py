@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from lab.analyze.dynamo import Diagnostics, load_diagnostics
 from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.analyze.torchbuild import parse_version_file
+from lab.build.base import ensure_base
 from lab.build.crossinstall import VENV_IN_IMAGE, install_with_uv
 from lab.build.hostpip import HostPip
 from lab.build.image import build_image
 from lab.build.localenv import check_system_packages, prepare_local
-from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, write_context_folder
+from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, system_packages, write_context_folder
 from lab.build.resolve import Case, base_python
 from lab.cache_policy import inventory as cache_policy
 from lab.core.arch import with_emulated_env
@@ -28,6 +33,8 @@ from lab.core.results import LocalRef, RunResult, StageTimes, TorchBuild
 from lab.engine.docker_engine import Engine
 from lab.history.index import record_run
 from lab.report import run_folder as report
+
+R = TypeVar("R")
 
 LD_DEBUG = "libs,files"
 # Files the lab writes into diagnose/ itself: a diagnose run's /out may not bring them.
@@ -125,9 +132,19 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
               plan: BuildPlan | None, limits: RunLimits, system: str | None = None) -> RunOutcome:
     clock = _Clock()
     local = is_local(engine)
+    base_ready = None
     if plan is None:
+        if not local:  # the base (a bootstrap under QEMU takes minutes) is made while uv works on the host
+            base_ready = _beside(partial(_timed, ensure_base, engine, case.scenario.base, case.arch, events,
+                                         system_packages(case)))
         with clock("site"):  # the local engine needs the Dockerfile and context only as a record
-            plan = plan_build(case, host, events, installer=None if local else install_with_uv)
+            try:
+                plan = plan_build(case, host, events, installer=None if local else install_with_uv)
+            except BaseException:
+                if base_ready is not None:  # no bootstrap is left running behind the error
+                    with contextlib.suppress(Exception):
+                        base_ready()
+                raise
     if plan.site is not None and plan.site.root is not None:
         cache_policy.note_use(paths=(plan.site.root,))
         cache_policy.note_wheels_used(plan.site.root)
@@ -147,7 +164,9 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
                                           python=engine.options.python, gpu=case.scenario.gpu, events=events,
                                           log=run_dir / "build.log")
                 else:
+                    base_s = base_ready()[1] if base_ready is not None else 0.0
                     image = build_image(plan, engine, host, events, run_dir / "build.log")
+                    image = replace(image, base_seconds=image.base_seconds + base_s)
         except BuildError as err:
             judgement = build_failed(err.message)
             rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None,
@@ -176,7 +195,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         else:
             events("diagnose", f"not run: {why}")
         collected = None
-        if collect_env:
+        if collect_env:  # after the script, not beside it: on two cores the emulated script slowed by more
             with clock("collect_env"):
                 collected = _collect_env(engine, image, case, events)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
@@ -317,6 +336,34 @@ def _diagnose(case: Case, engine: Engine, tag, run_dir: Path, events: Events, li
                      "TORCH_COMPILE_DEBUG=1 wrote nothing: this torch ignores TORCH_COMPILE_DEBUG_DIR, "
                      "or nothing reached Inductor")
     return replace(diagnostics, notes=(*diagnostics.notes, *notes)) if notes else diagnostics
+
+
+def _timed(fn: Callable[..., R], *args) -> tuple[R, float]:
+    started = time.monotonic()
+    return fn(*args), time.monotonic() - started
+
+
+def _beside(fn: Callable[[], R]) -> Callable[[], R]:
+    """Start `fn` in a thread now; the function returned waits for its answer (or raises its error).
+    The thread is a daemon: a run stopped by Ctrl-C does not wait for it."""
+    done: list = []
+
+    def work() -> None:
+        try:
+            done.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            done.append((False, exc))
+
+    thread = threading.Thread(target=work, daemon=True, name="lab-beside")
+    thread.start()
+
+    def answer() -> R:
+        thread.join()
+        ok, value = done[0]
+        if not ok:
+            raise value
+        return value
+    return answer
 
 
 def _collect_env(engine: Engine, image, case: Case, events: Events) -> str:

@@ -100,3 +100,24 @@ def test_an_emulated_run_compiles_in_one_process_unless_the_scenario_says_otherw
     assert "TORCHINDUCTOR_COMPILE_THREADS" not in emulated_env(arm.run_env(), arm, on_arm64)    # native
     own = replace(arm, scenario=arm.scenario.model_copy(update={"env": {"TORCHINDUCTOR_COMPILE_THREADS": "4"}}))
     assert emulated_env(own.run_env(), own, on_amd64)["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
+
+
+def test_work_started_beside_the_run_answers_when_asked_and_raises_its_own_error():
+    """The base made beside the cross-install (lab.pipeline._beside): both start at once, the
+    answer waits for the work, and an error reaches the one who asks."""
+    import threading
+
+    from lab import pipeline
+    from lab.core.errors import BaseImageError
+
+    gate = threading.Event()
+    answer = pipeline._beside(lambda: gate.wait(5) and "collected")
+    started_side_by_side = not gate.is_set()
+    gate.set()
+    assert started_side_by_side and answer() == "collected"
+
+    def bootstrap():
+        raise BaseImageError("mmdebstrap failed (exit 1)")
+    failed = pipeline._beside(bootstrap)
+    with pytest.raises(BaseImageError, match="mmdebstrap failed"):
+        failed()
