@@ -13,7 +13,8 @@ The host cache (under `lab.cache.cache_dir()`):
     uv/               UV_CACHE_DIR: every wheel is downloaded once, for every build and bisect step
     site/<key>/       one finished venv tree per requirements, platform, Python, indexes and version
                       of this module; `.lab-lock.txt` inside lists what it holds (and the image gets it)
-    site/<key>.json   the tree's digest, size and what was left to pip: computed once, when made
+    site/<key>.json   the tree's digest, size, the SHA-256 and size of its layer tar under the venv,
+                      and what was left to pip: computed once, when made
     site/<key>.lock   held while the entry is made; a second process waits, then finds it ready
     site/<key>.tmp/   the entry being made (same filesystem), renamed into place when finished
 
