@@ -140,7 +140,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         with clock("site"):  # the local engine needs the Dockerfile and context only as a record
             try:
                 plan = plan_build(case, host, events, installer=None if local else install_with_uv)
-            except BaseException:
+            except Exception:  # (Ctrl-C stops at once: mmdebstrap gets the same signal)
                 if base_ready is not None:  # no bootstrap is left running behind the error
                     with contextlib.suppress(Exception):
                         base_ready()
