@@ -6,12 +6,12 @@
 `update-ca-certificates` is a shell loop that starts four or five processes per certificate.
 Emulated, each costs about 25 ms, so the package's postinst and its trigger, which both run it,
 took 45 to 60 s of a 200 s arm64 bootstrap. While mmdebstrap installs the packages, the lab
-diverts the tool to a no-op (`essential_hook`); this hook then puts it back and runs the image's
-own script once with the host's shell, sed and openssl (native), on the image's folders, and
-makes the links it wrote point where they point inside the image. The result is the one the
-emulated run gives: the same `.pem` links, hash links and `ca-certificates.crt`. When the image
-has update hooks (`/etc/ca-certificates/update.d`, Java's keystore, say), they need the image's
-own programs, so the whole update runs emulated instead, as before.
+diverts the tool to a no-op (`divert`, the essential hook); the customize hook (`update`) then
+puts it back and runs the image's own script once with the host's shell, sed and openssl
+(native), on the image's folders, and makes the links it wrote point where they point inside
+the image. The result is the one the emulated run gives: the same `.pem` links, hash links and
+`ca-certificates.crt`. When the image has update hooks (`/etc/ca-certificates/update.d`, Java's
+keystore, say), they need the image's own programs, so the whole update runs emulated instead.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from lab.build.resolve import Case, base_glibc
 from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import LabError
-from lab.core.hashing import HashingWriter
+from lab.core.hashing import CountingWriter, HashingReader, HashingWriter
 from lab.core.records import Events, no_events
 
 CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
@@ -500,7 +500,7 @@ def tree_digest(root: Path, under: str = VENV_IN_IMAGE) -> tuple[str, int, int, 
             counts[1] += 1
         sha.update(f"{e.kind}\0{e.path}\0{e.mode:o}\0{e.size}\0{content}\n".encode())
 
-    layer = HashingWriter(_Nowhere())
+    layer = HashingWriter(CountingWriter())
     write_tree_tar(root, layer, under, seen)
     return sha.hexdigest(), counts[0], counts[1], LayerDigest(under.strip("/"), layer.hexdigest(), layer.size)
 
@@ -532,39 +532,11 @@ def write_tree_tar(root: Path | None, out: BinaryIO, under: str = "",
                 tar.addfile(tar_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
             else:
                 with e.source.open("rb") as fh:
-                    reader = _HashingReader(fh)
+                    reader = HashingReader(fh)
                     tar.addfile(tar_info(name, tarfile.REGTYPE, e.mode, e.size), reader)
                 content = reader.hexdigest()
             if seen is not None:
                 seen(e, content)
-
-
-class _HashingReader:
-    """A file read through it has its SHA-256 taken on the way."""
-
-    def __init__(self, fh: BinaryIO) -> None:
-        self._fh, self._sha = fh, hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._fh.read(n)
-        self._sha.update(data)
-        return data
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
-
-
-class _Nowhere:
-    def write(self, b) -> int:
-        return len(b)
-
-
-def _file_sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def _quick_stat(root: Path) -> tuple[int, int]:

@@ -30,7 +30,7 @@ import requests.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
 from lab.core.errors import BuildError, EngineError
-from lab.core.hashing import HashingWriter
+from lab.core.hashing import CountingWriter, HashingWriter
 from lab.core.records import (
     EMULATOR_CRASH,
     STOPPED_EMULATOR,
@@ -780,7 +780,7 @@ def _stacked_tar(attrs: dict, arch: Arch, tag: str, created_by: str, layer: tupl
         _tar_member(out, name, len(data), lambda o, data=data: o.write(data))
 
     def write_counted(o: BinaryIO) -> None:
-        counted = HashingWriter(o)
+        counted = CountingWriter(o)  # the engine checks the digest itself
         write_layer(counted)
         if counted.size != size:
             raise OSError(f"the layer is {counted.size} bytes, not the {size} counted before")
