@@ -122,6 +122,12 @@ def _recipe(suite: str, arch: Arch, packages: tuple[str, ...] = ()) -> str:
         f" && docker build --platform {arch.platform} (FROM scratch; ADD rootfs.tar /)"
 
 
+def _bootstrap_time(engine, arch: Arch) -> str:
+    """What a bootstrap takes, as measured on two cores: every package's scripts run emulated
+    when the arch is not the engine's (bench/README.md, cold_run)."""
+    return "about 3 minutes, emulated" if engine.arch != arch else "about a minute"
+
+
 def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
                packages: tuple[str, ...] = ()) -> BaseImage:
     if shutil.which("mmdebstrap") is None:
@@ -142,7 +148,7 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
         if not kept.is_file():
             with_packages = f" with {', '.join(packages)}" if packages else ""
             events("base", f"no registry: bootstrapping Debian {suite} for {arch.value}{with_packages} from "
-                           f"{mirror} with mmdebstrap (1-5 minutes)")
+                           f"{mirror} with mmdebstrap ({_bootstrap_time(engine, arch)})")
             work = Path(tempfile.mkdtemp(prefix="bootstrap-", dir=bases))
             try:
                 rootfs = work / "rootfs.tar"

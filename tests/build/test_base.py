@@ -15,6 +15,8 @@ PKGS = ("python3-dev", "g++", "python3", "ca-certificates", "python3-venv")
 
 
 class FakeEngine:
+    arch = Arch.AMD64  # the host's
+
     def __init__(self, images=()):
         self.images = {tag: f"sha256:{i}" for i, tag in enumerate(images)}
         self.built = []
@@ -66,6 +68,14 @@ def test_a_bootstrapped_base_includes_the_cases_packages(mmdebstrap):
     assert "--include=" in got.recipe
     again = ensure_base(engine, "debian:bookworm", Arch.ARM64, lambda *a: None, PKGS)
     assert again.image_id == got.image_id and len(mmdebstrap.calls) == 1  # reused
+
+
+def test_the_bootstrap_says_how_long_it_takes_emulated_or_not(mmdebstrap):
+    said = []
+    ensure_base(FakeEngine(), "debian:bookworm", Arch.ARM64, lambda stage, text: said.append(text), PKGS)
+    ensure_base(FakeEngine(), "debian:bookworm", Arch.AMD64, lambda stage, text: said.append(text), PKGS)
+    arm64, amd64 = (next(s for s in said if "mmdebstrap" in s and f"for {a}" in s) for a in ("arm64", "amd64"))
+    assert "(about 3 minutes, emulated)" in arm64 and "(about a minute)" in amd64
 
 
 def test_a_package_set_debian_cannot_include_falls_back_to_the_plain_base_once(mmdebstrap):
