@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,25 +238,41 @@ def _function(raw: Mapping[str, Any]) -> CompiledFunction:
     else:
         error_text = _str(error)
     breaks = raw.get("breaks")
+    parsed = tuple(_break(b) for b in breaks if isinstance(b, dict)) if isinstance(breaks, list) else ()
+    logged = _logged_breaks(raw)
     return CompiledFunction(
         name=_str(raw.get("name")) or "<unnamed>",
         kind=_str(raw.get("kind")) or "unknown",
         location=_location(raw.get("file"), raw.get("line")),
         status=_str(raw.get("status")) or "unknown",
         graph_count=_int(raw.get("graph_count")),
-        graph_break_count=_break_count(raw),
+        graph_break_count=_break_count(raw, logged),
         op_count=_int(raw.get("op_count")),
-        breaks=tuple(_break(b) for b in breaks if isinstance(b, dict)) if isinstance(breaks, list) else (),
+        breaks=parsed or tuple(GraphBreakReason(reason=reason) for reason, _ in logged),
         error=error_text,
         hook_changes=tuple(_strings(raw.get("hook_changes"))),
     )
 
 
-def _break_count(raw: Mapping[str, Any]) -> int | None:
+def _break_count(raw: Mapping[str, Any], logged: Sequence[tuple[str, int]] = ()) -> int | None:
     """explain counts breaks as graphs - 1, so a function that compiled no graph (Dynamo skipped
-    or disabled it) reports -1: that is zero breaks, and graph_count 0 says why."""
+    or disabled it) reports -1. A break in a frame that made no graph is not in that count: a
+    frame Dynamo skipped for a break inside a loop, or one with no op before its break. When
+    explain counts none, the breaks Dynamo logged during explain's run count (lab_run's
+    `logged_breaks`, from torch._dynamo.utils.counters); otherwise explain's count stands."""
     count = _int(raw.get("graph_break_count"))
-    return None if count is None else max(count, 0)
+    if count is None:
+        return None
+    return max(count, 0) or sum(n for _, n in logged)
+
+
+def _logged_breaks(raw: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """lab_run's `logged_breaks` ([{reason, count}]) as (reason, count) pairs; odd entries dropped."""
+    items = raw.get("logged_breaks")
+    if not isinstance(items, list):
+        return ()
+    pairs = ((_str(i.get("reason")), _int(i.get("count"))) for i in items if isinstance(i, dict))
+    return tuple((reason, count) for reason, count in pairs if reason and count and count > 0)
 
 
 def _break(raw: Mapping[str, Any]) -> GraphBreakReason:

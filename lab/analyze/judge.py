@@ -79,7 +79,7 @@ def expected_signature(expect: Expect) -> str:
     if expect.stderr_contains is not None:
         parts.append(f"stderr containing {expect.stderr_contains!r}")
     if expect.graph_breaks is not None:
-        parts.append(f"{expect.graph_breaks} graph breaks")
+        parts.append(_breaks(expect.graph_breaks))
     if expect.exit_code is not None:
         parts.append(f"exit code {expect.exit_code}")
     return ", ".join(parts) or "no expectation"
@@ -134,13 +134,17 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
                     "found" if held else "not found", held)
     if expect.graph_breaks is not None:
         count = diagnostics.graph_break_count if diagnostics is not None else None
-        observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
+        observed = "unknown: explain gave no result" if count is None else _breaks(count)
         yield _check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
     if expect.graph_breaks_min is not None:
         count = diagnostics.graph_break_count if diagnostics is not None else None
-        observed = "unknown: explain gave no result" if count is None else f"{count} graph breaks"
+        observed = "unknown: explain gave no result" if count is None else _breaks(count)
         yield _check("graph_breaks_min", f"at least {expect.graph_breaks_min}", observed,
                      count is not None and count >= expect.graph_breaks_min)
     if expect.exit_code is not None:
         observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
         yield _check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)
+
+
+def _breaks(n: int) -> str:
+    return f"{n} graph break" + ("" if n == 1 else "s")

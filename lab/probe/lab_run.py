@@ -300,6 +300,7 @@ def _new_record(state, model, kwargs, changes):
         "op_count": None,
         "ops_per_graph": None,
         "breaks": [],
+        "logged_breaks": None,
         "error": None,
         "explain_seconds": None,
     }
@@ -353,6 +354,8 @@ def _explain(state, record, target, args, kwargs):
     metrics = _compile_metrics()
     saved_metrics = {key: list(value) for key, value in metrics.items()} if metrics is not None else None
     saved_rng = _save_rng(torch)
+    counters = _dynamo_counters()
+    saved_breaks = dict(counters.pop("graph_break", None) or {}) if counters is not None else {}
     state.in_explain = True
     started = time.perf_counter()
     try:
@@ -368,6 +371,10 @@ def _explain(state, record, target, args, kwargs):
     finally:
         state.in_explain = False
         record["explain_seconds"] = round(time.perf_counter() - started, 6)
+        if counters is not None:
+            record["logged_breaks"] = _logged_breaks(counters.pop("graph_break", None))
+            if saved_breaks:
+                counters["graph_break"].update(saved_breaks)
         _restore_rng(torch, saved_rng)
         if metrics is not None and saved_metrics is not None:
             metrics.clear()
@@ -424,6 +431,24 @@ def _compile_metrics():
     utils = sys.modules.get("torch._dynamo.utils")
     metrics = getattr(utils, "compilation_time_metrics", None)
     return metrics if isinstance(metrics, dict) else None
+
+
+def _dynamo_counters():
+    """torch._dynamo.utils.counters (a defaultdict of Counters). Its "graph_break" entry counts
+    every graph break Dynamo logged, including those explain cannot count: explain counts graphs
+    minus one, so a break in a frame that made no graph (one skipped for a break in a loop, one
+    with no op before the break) is not in its count."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    return counters if isinstance(counters, dict) and hasattr(counters, "default_factory") else None
+
+
+def _logged_breaks(counted):
+    """The graph breaks Dynamo logged during explain's run: [{reason, count}]."""
+    try:
+        return [{"reason": _clip(str(reason)), "count": int(count)} for reason, count in dict(counted or {}).items()]
+    except Exception:
+        return []
 
 
 def _reset_dynamo(dynamo):

@@ -504,6 +504,49 @@ def test_runner_without_a_script_prints_usage(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("usage:")
 
 
+SKIPPED_FRAME = """\
+import torch
+from torch._dynamo import utils
+
+utils.counters["graph_break"]["a break before explain"] += 2
+
+@torch.compile
+def skipped_loop(xs):
+    return xs
+
+@torch.compile
+def plain(x):
+    return x
+
+skipped_loop([1, 2])
+plain(3)
+print(dict(utils.counters["graph_break"]))
+"""
+
+
+def test_runner_counts_the_breaks_dynamo_logged_where_explain_made_no_graph(tmp_path, stub_torch):
+    script, diag = tmp_path / "skipped.py", tmp_path / "diag"
+    script.write_text(SKIPPED_FRAME)
+    done = _run_runner(script, env={"LAB_DIAG_DIR": str(diag)}, pythonpath=stub_torch)
+    assert done.returncode == 0, done.stderr
+    # explain's own breaks are taken out of Dynamo's counters again: the script sees only its own
+    assert done.stdout.splitlines()[-1] == "{'a break before explain': 2}"
+    doc = json.loads((diag / "explain.json").read_text())
+    skipped, plain = doc["records"]
+    logged = [{"reason": "call_function BuiltinVariable(filter) [stub] {}", "count": 1}]
+    assert (skipped["graph_count"], skipped["graph_break_count"], skipped["logged_breaks"]) == (0, -1, logged)
+    assert plain["logged_breaks"] == logged
+    report = parse_explain(diag / "explain.json")
+    assert report is not None
+    skipped_fn, plain_fn = report.functions
+    # no graph, so explain counts no break: the one Dynamo logged counts, with its reason
+    assert skipped_fn.graph_break_count == 1
+    assert [b.reason for b in skipped_fn.breaks] == ["call_function BuiltinVariable(filter) [stub] {}"]
+    # explain saw the break: its count and reasons stand
+    assert plain_fn.graph_break_count == 1 and plain_fn.breaks[0].headline == "stub break"
+    assert report.graph_break_count == 2
+
+
 def test_runner_diag_dir_without_torch(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(PASSTHROUGH)
