@@ -7,6 +7,7 @@ object. Exit codes are in lab.exitcodes.
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import json
@@ -171,12 +172,25 @@ def _guard(fn: Callable[[], None], check: bool = False) -> None:
         raise typer.Exit(codes.INTERRUPTED) from None
     except (typer.Exit, typer.Abort):
         raise
-    except Exception as e:  # a bug in the lab: one paragraph, the traceback only with --debug
-        if _OUTPUT.debug:
-            err.print_exception()
-        where = "the traceback is above" if _OUTPUT.debug else "rerun with --debug for the traceback"
-        _fail(f"unexpected {type(e).__name__}: {e}. This is a bug in the lab: {where}, and please report it.",
-              codes.failure_exit(codes.INTERNAL, check))
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            _unexpected(e, check)
+        where = f" writing {e.filename}" if e.filename else ""
+        _fail(f"the disk is full{where} ({e.strerror}); the command stopped there. Free space with "
+              "`lab cache prune` (the lab's images, bases, site trees and wheels, least recently used "
+              "first; `lab cache info` shows them and the cap) or in the engine (`docker system df`), "
+              "then run the command again.", codes.failure_exit(codes.INFRASTRUCTURE, check))
+    except Exception as e:
+        _unexpected(e, check)
+
+
+def _unexpected(e: Exception, check: bool) -> NoReturn:
+    """A bug in the lab: one paragraph, the traceback only with --debug."""
+    if _OUTPUT.debug:
+        err.print_exception()
+    where = "the traceback is above" if _OUTPUT.debug else "rerun with --debug for the traceback"
+    _fail(f"unexpected {type(e).__name__}: {e}. This is a bug in the lab: {where}, and please report it.",
+          codes.failure_exit(codes.INTERNAL, check))
 
 
 def _bad_input(error: LabError) -> bool:

@@ -246,3 +246,31 @@ def test_progress_lines_are_cut_visibly_and_the_diagnose_hint_is_whole(caplog):
     shown = [r.getMessage() for r in caplog.records]
     assert shown[0].endswith("TORCH_TRACE"), shown[0]
     assert shown[1].endswith(" …") and len(shown[1]) < 200, shown[1]
+
+
+def test_a_full_disk_is_one_paragraph_with_what_to_free_not_a_bug_report(capsys):
+    import errno
+
+    import typer
+
+    from lab import cli
+    from lab.core import exitcodes
+
+    def fill():
+        raise OSError(errno.ENOSPC, "No space left on device", "/root/.cache/torch-repro-lab/site/x")
+
+    with pytest.raises(typer.Exit) as exit_info:
+        cli._guard(fill)
+    assert exit_info.value.exit_code == exitcodes.INFRASTRUCTURE
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.count("error:") == 1 and "bug in the lab" not in said
+    assert "the disk is full writing /root/.cache/torch-repro-lab/site/x (No space left on device)" in said
+    assert "lab cache prune" in said
+
+    def other():
+        raise OSError(errno.EACCES, "Permission denied", "/x")
+
+    with pytest.raises(typer.Exit) as exit_info:
+        cli._guard(other)
+    assert exit_info.value.exit_code == exitcodes.INTERNAL
+    assert "This is a bug in the lab" in " ".join(capsys.readouterr().err.split())
