@@ -81,7 +81,7 @@ def expected_signature(expect: Expect) -> str:
     if expect.graph_breaks is not None:
         parts.append(_breaks(expect.graph_breaks))
     if expect.exit_code is not None:
-        parts.append(f"exit code {expect.exit_code}")
+        parts.append(f"exit code {_codes(expect.exit_codes)}")
     return ", ".join(parts) or "no expectation"
 
 
@@ -143,8 +143,12 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
                      count is not None and count >= expect.graph_breaks_min)
     if expect.exit_code is not None:
         observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
-        yield _check("exit_code", str(expect.exit_code), observed, ev.exit_code == expect.exit_code)
+        yield _check("exit_code", _codes(expect.exit_codes), observed, ev.exit_code in expect.exit_codes)
 
 
 def _breaks(n: int) -> str:
     return f"{n} graph break" + ("" if n == 1 else "s")
+
+
+def _codes(codes: tuple[int, ...]) -> str:
+    return " or ".join(map(str, codes))

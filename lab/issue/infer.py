@@ -536,7 +536,8 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env, *, same_torc
     crash = _crash(found, chosen, page)
     if crash:
         code, words, line = crash
-        facts.append(Fact("expect", f"exit_code: {code}", line, f"the page shows {words}"))
+        facts.append(Fact("expect", f"exit_code: {code}", line, f"the page shows {words}"
+                          + (" (any one counts)" if isinstance(code, list) else "")))
         return {"exit_code": code}
     gb = _graph_break_claim(page, lines, found, script)
     if gb:
@@ -685,10 +686,12 @@ def _crash(found: list[Block], chosen: Block, page: IssuePage):
                chosen.line)]
     pools += [(page.title or "", None)]
     for text, line in pools:
-        hits = [(m.start(), code, words) for pattern, code, words in _SIGNALS if (m := pattern.search(text))]
-        if hits:
-            _, code, words = min(hits)
+        hits = sorted((m.start(), code, words) for pattern, code, words in _SIGNALS if (m := pattern.search(text)))
+        if len(hits) == 1:
+            _, code, words = hits[0]
             return code, words, line
+        if hits:  # "IOT instruction (core dumped) or segmentation fault": any one of them counts
+            return [code for _, code, _ in hits], " or ".join(words for _, _, words in hits), line
     return _memory_corruption(found, page)
 
 

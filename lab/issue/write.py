@@ -149,7 +149,7 @@ expect:                     # reproduced when every key given holds
   traceback_contains: "AssertionError"   # text of the final exception line
   # stdout_contains: "..."               # text the script prints
   # stdout_contains_normalized: "..."    # the same, with runs of whitespace as one space
-  # exit_code: 1
+  # exit_code: 1                        # or a list, any one counts: [134, 139]
   # graph_breaks: 2                      # torch._dynamo.explain's count
 '''
 

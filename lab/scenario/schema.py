@@ -112,7 +112,8 @@ _FIELD_HELP: dict[str, str] = {
     "expect.stderr_contains": "must be a non-empty text to find in the script's standard error",
     "expect.stdout_contains_normalized": "must be a non-empty text to find in the script's standard output "
     "once every run of whitespace in both is one space (for output pasted from a page)",
-    "expect.exit_code": "must be a whole number between 0 and 255",
+    "expect.exit_code": "must be a whole number between 0 and 255, or a list of them (any one counts), "
+    "such as 139 or [134, 139]",
     "expect.graph_breaks_min": "must be a whole number of graph breaks, at least 1: reproduced when "
     "torch._dynamo.explain counts that many or more",
     "network": "must be true or false (true: the script needs network access at run time)",
@@ -196,6 +197,17 @@ def _one_or_many(value: Any) -> Any:
     if isinstance(value, (str, int, float, Arch)):
         return [value]
     return value
+
+
+def _exit_codes(value: Any) -> Any:
+    """`exit_code: 139`, or a list of codes any one of which counts (`[134, 139]`: a page that
+    shows an abort or a segfault, as memory corruption ends in either). A list becomes a tuple."""
+    codes = list(value) if isinstance(value, list | tuple) else [value]
+    if not codes or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= 255 for c in codes):
+        raise _Invalid(f"{_FIELD_HELP['expect.exit_code']}, got {_show(value)}")
+    if len(set(codes)) != len(codes):
+        raise _Invalid(f"lists an exit code twice, got {_show(value)}", hint="Write each code once.")
+    return value if isinstance(value, int) else tuple(codes)
 
 
 def _none_to_list(value: Any) -> Any:
@@ -443,9 +455,15 @@ class Expect(BaseModel):
     stdout_contains: NonEmptyText | None = None
     stderr_contains: NonEmptyText | None = None
     stdout_contains_normalized: NonEmptyText | None = None
-    exit_code: int | None = Field(default=None, ge=0, le=255, strict=True)
+    exit_code: Annotated[int | tuple[int, ...], BeforeValidator(_exit_codes)] | None = None
     graph_breaks: int | None = Field(default=None, ge=0, le=100000, strict=True)
     graph_breaks_min: int | None = Field(default=None, ge=1, le=100000, strict=True)
+
+    @property
+    def exit_codes(self) -> tuple[int, ...]:
+        """The exit codes that count (any one of them); empty when exit_code is not given."""
+        code = self.exit_code
+        return () if code is None else (code,) if isinstance(code, int) else code
 
     @property
     def needs_graph_breaks(self) -> bool:

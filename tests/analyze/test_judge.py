@@ -126,3 +126,14 @@ def test_graph_breaks_min_needs_the_diagnose_count():
     assert judge(evidence(), expect, "", "", SimpleNamespace(graph_break_count=2)).verdict is Verdict.REPRODUCED
     assert judge(evidence(), expect, "", "", SimpleNamespace(graph_break_count=0)).verdict is Verdict.NOT_REPRODUCED
     assert judge(evidence(), expect, "", "", None).verdict is Verdict.ERROR
+
+
+def test_a_list_of_exit_codes_counts_any_one_of_them():
+    expect = Expect(exit_code=[134, 139])  # a page that shows an abort or a segfault
+    assert expect.exit_code == (134, 139) and expect.exit_codes == (134, 139)
+    for code in (134, 139):
+        j = judge(evidence(exit_code=code), expect, "", "")
+        assert j.verdict is Verdict.REPRODUCED, j.reason
+    j = judge(evidence(exit_code=1), expect, "", "")
+    assert j.verdict is not Verdict.REPRODUCED and "134 or 139" in j.reason
+    assert Expect(exit_code=1).exit_codes == (1,) and Expect(stdout_contains="x").exit_codes == ()
