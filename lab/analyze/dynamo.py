@@ -193,7 +193,7 @@ class Diagnostics:
             lines.append(_compile_time_words(self.compile_times))
         if self.trace_files:
             n = len(self.trace_files)
-            lines.append(f"TORCH_TRACE wrote {_plural(n, 'file')} (open with tlparse): "
+            lines.append(f"TORCH_TRACE wrote {plural(n, 'file')} (open with tlparse): "
                          + ", ".join(f"`{p}`" for p in self.trace_files[:3]) + (", ..." if n > 3 else ""))
         lines.extend(self.notes)
         return lines
@@ -474,14 +474,14 @@ def _function_words(f: CompiledFunction) -> str:
         return f"explain failed for {what}: {_first_line(f.error or 'no error recorded')}"
     if f.status != "explained":
         return f"{what}: not explained ({f.status})"
-    graphs = _plural(f.graph_count, "graph")
+    graphs = plural(f.graph_count, "graph")
     n = f.graph_break_count if f.graph_break_count is not None else len(f.breaks)
     if not n:
         return f"no graph breaks in {f.name} ({graphs})"
     items = [f"{i}. {_break_words(b)}" for i, b in enumerate(f.breaks[:_PLAIN_BREAKS], 1)]
     if len(f.breaks) > _PLAIN_BREAKS:
         items.append(f"... and {len(f.breaks) - _PLAIN_BREAKS} more")
-    head = f"{_plural(n, 'graph break')} in {f.name} ({graphs})"
+    head = f"{plural(n, 'graph break')} in {f.name} ({graphs})"
     return head + (": " + "; ".join(items) if items else "")
 
 
@@ -512,7 +512,7 @@ def _recompile_words(r: Recompile) -> str:
 def _compile_time_words(phases: tuple[PhaseTime, ...]) -> str:
     top = sorted(phases, key=lambda p: p.total_s, reverse=True)[:3]
     return "compile time by phase: " + ", ".join(
-        f"{p.name} {p.total_s:.3f} s" + (f" ({_plural(p.calls, 'call')})" if p.calls else "") for p in top)
+        f"{p.name} {p.total_s:.3f} s" + (f" ({plural(p.calls, 'call')})" if p.calls else "") for p in top)
 
 
 def _function_json(f: CompiledFunction) -> dict:
@@ -574,7 +574,7 @@ def _short_location(location: str) -> str:
     return location.rsplit("/", 1)[-1]
 
 
-def _plural(n: int | None, word: str) -> str:
+def plural(n: int | None, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 

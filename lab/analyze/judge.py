@@ -11,6 +11,7 @@ expectations fail while the script itself failed (an exception, a non-zero exit)
 
 from __future__ import annotations
 
+from lab.analyze.dynamo import plural
 from lab.analyze.evidence import Evidence
 from lab.core.records import STOPPED_OUT_FULL
 from lab.core.results import Check, FailureSignatures, Judgement, Verdict
@@ -79,7 +80,7 @@ def expected_signature(expect: Expect) -> str:
     if expect.stderr_contains is not None:
         parts.append(f"stderr containing {expect.stderr_contains!r}")
     if expect.graph_breaks is not None:
-        parts.append(_breaks(expect.graph_breaks))
+        parts.append(plural(expect.graph_breaks, "graph break"))
     if expect.exit_code is not None:
         parts.append(f"exit code {_codes(expect.exit_codes)}")
     return ", ".join(parts) or "no expectation"
@@ -134,20 +135,16 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
                     "found" if held else "not found", held)
     if expect.graph_breaks is not None:
         count = diagnostics.graph_break_count if diagnostics is not None else None
-        observed = "unknown: explain gave no result" if count is None else _breaks(count)
+        observed = "unknown: explain gave no result" if count is None else plural(count, "graph break")
         yield _check("graph_breaks", str(expect.graph_breaks), observed, count == expect.graph_breaks)
     if expect.graph_breaks_min is not None:
         count = diagnostics.graph_break_count if diagnostics is not None else None
-        observed = "unknown: explain gave no result" if count is None else _breaks(count)
+        observed = "unknown: explain gave no result" if count is None else plural(count, "graph break")
         yield _check("graph_breaks_min", f"at least {expect.graph_breaks_min}", observed,
                      count is not None and count >= expect.graph_breaks_min)
     if expect.exit_code is not None:
         observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
         yield _check("exit_code", _codes(expect.exit_codes), observed, ev.exit_code in expect.exit_codes)
-
-
-def _breaks(n: int) -> str:
-    return f"{n} graph break" + ("" if n == 1 else "s")
 
 
 def _codes(codes: tuple[int, ...]) -> str:
