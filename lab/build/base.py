@@ -54,8 +54,23 @@ def bootstrap_command(suite: str, arch: Arch, target: Path, packages: tuple[str,
     the fsyncs cost about a tenth of the bootstrap."""
     include = [f"--include={','.join(sorted(set(packages)))}"] if packages else []
     return ["mmdebstrap", "--variant=minbase", f"--architectures={arch.value}", "--mode=root",
-            "--aptopt=Acquire::Retries=3", "--dpkgopt=force-unsafe-io", *include, *_native_steps(packages),
-            suite, str(target), current_settings().debian_mirror]
+            "--aptopt=Acquire::Retries=3", "--dpkgopt=force-unsafe-io", *_merged_usr(suite), *include,
+            *_native_steps(packages), suite, str(target), current_settings().debian_mirror]
+
+
+MERGED_USR_HOOKS = Path("/usr/share/mmdebstrap/hooks/merged-usr")
+_UNMERGED = ("buster", "bullseye")  # the official images of these suites keep /bin, /lib apart
+
+
+def _merged_usr(suite: str) -> list[str]:
+    """From bookworm on, the official images have a merged /usr with the empty usr-is-merged package
+    (debuerreotype). mmdebstrap alone gets there through the usrmerge package, which converts the
+    tree with perl: perl, libperl and usrmerge end up in the base, and the conversion runs emulated
+    for a foreign arch. mmdebstrap's merged-usr hook makes the links natively and installs
+    usr-is-merged, as the official images have it."""
+    if suite in _UNMERGED or not MERGED_USR_HOOKS.is_dir():
+        return []
+    return [f"--hook-dir={MERGED_USR_HOOKS}"]
 
 
 def _native_steps(packages: tuple[str, ...]) -> list[str]:

@@ -61,6 +61,17 @@ def test_the_tag_and_command_name_the_package_set_in_any_order():
     assert cmd.index("--include=ca-certificates,g++,python3,python3-dev,python3-venv") < cmd.index("bookworm")
 
 
+def test_bookworm_and_later_get_a_merged_usr_as_the_official_images_have_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(base_mod, "MERGED_USR_HOOKS", tmp_path)  # mmdebstrap's hook folder
+    hook = f"--hook-dir={tmp_path}"
+    for suite in ("bookworm", "trixie"):
+        assert hook in bootstrap_command(suite, Arch.ARM64, base_mod.Path("r.tar"), PKGS)
+    assert hook not in bootstrap_command("bullseye", Arch.AMD64, base_mod.Path("r.tar"))
+    monkeypatch.setattr(base_mod, "MERGED_USR_HOOKS", tmp_path / "absent")  # an mmdebstrap without it
+    cmd = bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"))
+    assert not any(a.startswith("--hook-dir") for a in cmd)
+
+
 def test_a_bootstrapped_base_includes_the_cases_packages(mmdebstrap):
     engine = FakeEngine(images=["torch-repro-lab/debian:bookworm-arm64"])  # a plain one is not enough
     got = ensure_base(engine, "debian:bookworm", Arch.ARM64, lambda *a: None, PKGS)
