@@ -33,7 +33,9 @@ from lab.core.errors import ConfigError, EngineError, LabError, ScenarioError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="A containerized reproduction lab for PyTorch bugs.")
-err = Console(stderr=True, highlight=False)
+# Lines are wrapped at the terminal's width on a terminal only: in a log file or a CI log, a path or
+# a message stays on one line (rich would break it at 80 columns), so it can be searched and copied.
+err = Console(stderr=True, highlight=False, soft_wrap=not (sys.stderr is not None and sys.stderr.isatty()))
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("lab")
 
@@ -305,7 +307,7 @@ class Progress:
         if not message:
             return
         if stage == "build" and message.startswith("Step "):
-            _say(f"[dim]build[/] {escape(_clip(message, 160))}")
+            _say(f"[dim]build[/] {escape(_clip(' '.join(message.split()), 160))}")  # a step's lines, joined
         elif stage in self.SHOWN and not message[0].isdigit():
             _say(f"[dim]{stage}[/] {escape(_clip(message, 400))}")
         else:

@@ -248,6 +248,24 @@ def test_progress_lines_are_cut_visibly_and_the_diagnose_hint_is_whole(caplog):
     assert shown[1].endswith(" …") and len(shown[1]) < 200, shown[1]
 
 
+def test_without_a_terminal_a_long_path_stays_on_one_line(tmp_path, caplog):
+    """In a log file or a CI log, rich would break lines at 80 columns, in the middle of a path."""
+    path = tmp_path / ("a" * 70) / ("b" * 70) / "scenario.yaml"
+    proc = run_lab("run", str(path))
+    assert_one_paragraph_error(proc, "scenario file does not exist")
+    assert len(proc.stderr.strip().splitlines()) == 1 and str(path) in proc.stderr, proc.stderr
+    # a build step's lines (docker prints a RUN's continuation lines as they are) come joined
+    import logging
+
+    from lab.cli import Progress
+    progress = Progress.__new__(Progress)
+    progress._status = None
+    with caplog.at_level(logging.INFO):
+        progress("build", "Step 5/12 : ENV LANG=C.UTF-8 \n    PYTHONUNBUFFERED=1")
+    assert [r.getMessage() for r in caplog.records] == \
+        ["[dim]build[/] Step 5/12 : ENV LANG=C.UTF-8 PYTHONUNBUFFERED=1"]
+
+
 def test_a_full_disk_is_one_paragraph_with_what_to_free_not_a_bug_report(capsys):
     import errno
 
