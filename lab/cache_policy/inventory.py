@@ -42,7 +42,9 @@ from lab.core.records import Events, ImageUsage, no_events
 LEASES, STAMPS, LAST_COUNT = "leases", "stamps", "last-count.json"
 _OWN = (LEASES, STAMPS, LAST_COUNT, "locks")    # the lab's bookkeeping: counted, never evicted
 # The full count walks the cache folder (about 190,000 files, 3-8 s, for 11 GiB here): after a run it
-# is made again only when the last one is older than this, or found the cache over this share of its cap.
+# is made again only when the last one is older than this, or found the cache over this share of its cap,
+# or when the disk has lost so much free space since that the cache may have grown past that share (one
+# CUDA torch version adds 10-12 GB of wheels, site tree and image in a few minutes).
 RECOUNT_S = 600.0
 RECOUNT_SHARE = 0.75
 _SLACK_S = 5.0                         # clock granularity between a lease's start and a use
@@ -569,9 +571,11 @@ def due(root: Path, now: float, cap: int | None = None) -> bool:
     try:
         last = json.loads((root / LAST_COUNT).read_text())
         at, total, last_cap = float(last["at"]), int(last["total"]), int(last["cap"])
+        free_then = int(last.get("free", 0))
     except (OSError, ValueError, KeyError, TypeError):
         return True
-    return not (0 <= now - at < RECOUNT_S) or total > RECOUNT_SHARE * (last_cap if cap is None else cap)
+    grown = max(free_then - _free(root), 0) if free_then else 0  # at most what the disk lost since
+    return not (0 <= now - at < RECOUNT_S) or total + grown > RECOUNT_SHARE * (last_cap if cap is None else cap)
 
 
 def last_count() -> tuple[int, int] | None:
@@ -586,8 +590,16 @@ def last_count() -> tuple[int, int] | None:
 def _remember(root: Path, now: float, total: int, cap: int) -> None:
     with contextlib.suppress(OSError):
         tmp = root / f"{LAST_COUNT}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"at": now, "total": total, "cap": cap}))
+        tmp.write_text(json.dumps({"at": now, "total": total, "cap": cap, "free": _free(root)}))
         tmp.replace(root / LAST_COUNT)
+
+
+def _free(root: Path) -> int:
+    """Free bytes on the cache's file system; 0 when it cannot be read (then a count is due)."""
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return 0
 
 
 def enforce_cap(engine, events: Events = no_events, *, force: bool = False,

@@ -206,6 +206,22 @@ def test_a_smaller_cap_set_since_the_last_count_makes_it_due(cache, monkeypatch)
     assert pruned is not None and [e.name for e in pruned.removed] == ["old"]
 
 
+def test_a_disk_that_lost_more_than_the_cap_allows_since_the_last_count_makes_it_due(cache, monkeypatch):
+    """The bench from_issue filled the disk: ten minutes without a count, and 35 GB of CUDA wheels,
+    site trees and images came in between."""
+    now, gib = time.time(), 1024**3
+    site(cache, "old", 100, now - 30 * DAY)
+    monkeypatch.setenv("LAB_CACHE_CAP", "10GiB")
+    monkeypatch.setattr(inv, "_free", lambda root: 100 * gib)
+    assert inv.enforce_cap(FakeEngine([]), now=now) is not None
+    monkeypatch.setattr(inv, "_free", lambda root: 99 * gib)       # 1 GiB less: far under the cap still
+    assert inv.enforce_cap(FakeEngine([]), now=now + 60) is None
+    monkeypatch.setattr(inv, "_free", lambda root: 90 * gib)       # 10 GiB less: the cache may hold that
+    assert inv.enforce_cap(FakeEngine([]), now=now + 120) is not None
+    monkeypatch.setattr(inv, "_free", lambda root: 0)              # unreadable: counted, to be safe
+    assert inv.enforce_cap(FakeEngine([]), now=now + 180) is not None
+
+
 def test_an_engine_without_image_listing_leaves_images_out_with_a_note(cache):
     stock = inv.take_inventory(object(), time.time())
     assert any(n.startswith("images left out: AttributeError") for n in stock.notes)
