@@ -382,6 +382,7 @@ def take_inventory(engine=None, now: float | None = None,
 
 
 def _free(root: Path) -> int:
+    """Free bytes on the file system that holds (or will hold) `root`; 0 when it cannot be read."""
     for p in (root, *root.parents):
         if p.exists():
             try:
@@ -592,14 +593,6 @@ def _remember(root: Path, now: float, total: int, cap: int) -> None:
         tmp = root / f"{LAST_COUNT}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"at": now, "total": total, "cap": cap, "free": _free(root)}))
         tmp.replace(root / LAST_COUNT)
-
-
-def _free(root: Path) -> int:
-    """Free bytes on the cache's file system; 0 when it cannot be read (then a count is due)."""
-    try:
-        return shutil.disk_usage(root).free
-    except OSError:
-        return 0
 
 
 def enforce_cap(engine, events: Events = no_events, *, force: bool = False,
