@@ -178,6 +178,12 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
     return BaseImage(base, tag, image_id, "bootstrapped", _recipe(suite, arch, packages))
 
 
+# mmdebstrap's own messages (I:, W:, E:) and the lab's hooks' one-line reports are progress; what
+# apt and dpkg print inside a hook (the merged-usr hook's "Reading database ... 5%") is detail, shown
+# with -v as stage "bootstrap"
+_SAID = re.compile(r"^(?:[IWE]: |ca-certificates: )")
+
+
 def _run_mmdebstrap(cmd: list[str], events: Events) -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace")
@@ -187,7 +193,7 @@ def _run_mmdebstrap(cmd: list[str], events: Events) -> None:
         line = line.rstrip()
         tail = (tail + [line])[-20:]
         if line:
-            events("base", line)
+            events("base" if _SAID.match(line) else "bootstrap", line)
     if proc.wait() != 0:
         raise BaseImageError(
             f"mmdebstrap failed (exit {proc.returncode}): " + " | ".join(tail[-5:]),

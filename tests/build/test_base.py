@@ -72,6 +72,15 @@ def test_bookworm_and_later_get_a_merged_usr_as_the_official_images_have_it(monk
     assert not any(a.startswith("--hook-dir") for a in cmd)
 
 
+def test_mmdebstrap_messages_are_progress_and_what_apt_says_in_a_hook_is_detail():
+    said = []
+    script = "echo 'I: installing essential packages...'; echo '(Reading database ... 5%'; " \
+             "echo 'ca-certificates: updated on the host'; echo 'W: a warning' >&2"
+    base_mod._run_mmdebstrap(["sh", "-c", script], lambda stage, text: said.append((stage, text)))
+    assert said == [("base", "I: installing essential packages..."), ("bootstrap", "(Reading database ... 5%"),
+                    ("base", "ca-certificates: updated on the host"), ("base", "W: a warning")]
+
+
 def test_a_bootstrapped_base_includes_the_cases_packages(mmdebstrap):
     engine = FakeEngine(images=["torch-repro-lab/debian:bookworm-arm64"])  # a plain one is not enough
     got = ensure_base(engine, "debian:bookworm", Arch.ARM64, lambda *a: None, PKGS)
