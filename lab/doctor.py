@@ -240,8 +240,11 @@ def _ca_bundle() -> Check:
 
 def _bootstrap() -> Check:
     if shutil.which("mmdebstrap") or shutil.which("debootstrap"):
-        return Check("Debian bootstrap", "ok",
-                     "mmdebstrap can build Debian bases when no registry answers")
+        from lab.build.nativeunpack import static_busybox
+        native = ("; an emulated bootstrap decompresses its packages natively (static busybox)"
+                  if static_busybox() else
+                  "; install busybox-static and an emulated bootstrap decompresses its packages natively")
+        return Check("Debian bootstrap", "ok", "mmdebstrap can build Debian bases when no registry answers" + native)
     return Check("Debian bootstrap", "warn",
                  "mmdebstrap is missing: without a registry, Debian bases cannot be made",
                  "apt-get install mmdebstrap arch-test (or run `bin/setup-host`)")

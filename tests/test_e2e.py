@@ -64,11 +64,13 @@ def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(runs):
 def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     """The bootstrap updated ca-certificates on the host (lab.build.cacerts), not under QEMU:
     in the image, Debian's update-ca-certificates, run again from scratch, finds nothing to change,
-    and no diversion of it is left."""
+    and no diversion of it is left. The packages' data was decompressed natively (lab.build.
+    nativeunpack): dpkg-deb is the package's own again (`dpkg --verify`), and no busybox is left."""
     found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
     result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
     listing = ("find /etc/ssl/certs -printf '%y %p %l\\n' | sort; sha256sum /etc/ssl/certs/ca-certificates.crt")
-    script = (f"{listing}; echo ---; dpkg-divert --list; echo ---; "
+    script = (f"{listing}; echo ---; dpkg-divert --list; dpkg --verify dpkg; "
+              "ls /var/lib/torch-repro-lab-bootstrap 2>&1; echo ---; "
               f"update-ca-certificates --fresh >/dev/null; {listing}")
     client = docker.from_env()
     out = client.containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
@@ -80,6 +82,8 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     assert len([t for p, t in links if p.endswith(".pem") and t.startswith(mozilla)]) > 100
     assert len([t for p, t in links if p.endswith(".0") and t.endswith(".pem")]) > 100
     assert "update-ca-certificates" not in diversions
+    assert "lab-native" not in diversions and "dpkg-deb" not in diversions  # dpkg --verify names a changed file
+    assert "No such file or directory" in diversions  # ls of busybox's folder
 
 
 @pytest.mark.arm64

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from lab.build import cacerts
+from lab.build import cacerts, nativeunpack
+from lab.build.resolve import host_arch
 from lab.core.cache import cache_dir
 from lab.core.config import current as current_settings
 from lab.core.errors import BaseImageError
@@ -55,7 +56,7 @@ def bootstrap_command(suite: str, arch: Arch, target: Path, packages: tuple[str,
     include = [f"--include={','.join(sorted(set(packages)))}"] if packages else []
     return ["mmdebstrap", "--variant=minbase", f"--architectures={arch.value}", "--mode=root",
             "--aptopt=Acquire::Retries=3", "--dpkgopt=force-unsafe-io", *_merged_usr(suite), *include,
-            *_native_steps(packages), suite, str(target), current_settings().debian_mirror]
+            *_native_steps(arch, packages), suite, str(target), current_settings().debian_mirror]
 
 
 MERGED_USR_HOOKS = Path("/usr/share/mmdebstrap/hooks/merged-usr")
@@ -73,12 +74,21 @@ def _merged_usr(suite: str) -> list[str]:
     return [f"--hook-dir={MERGED_USR_HOOKS}"]
 
 
-def _native_steps(packages: tuple[str, ...]) -> list[str]:
+def _native_steps(arch: Arch, packages: tuple[str, ...]) -> list[str]:
     """Hooks that do on the host what the same packages would do slowly under QEMU, with the same
-    result: ca-certificates' update (lab.build.cacerts), when the host has openssl to hash with."""
+    result: ca-certificates' update (lab.build.cacerts), when the host has openssl to hash with;
+    for a foreign arch, dpkg's xz decompression (lab.build.nativeunpack), when the host has a static
+    busybox. Their customize hooks undo their diversions in the reverse order of the diversions."""
+    before: list[str] = []
+    after: list[str] = []
+    busybox = nativeunpack.static_busybox() if arch != host_arch() else None
+    if busybox is not None:
+        divert, restore = nativeunpack.hooks(busybox)
+        before, after = divert, restore
     if "ca-certificates" in packages and shutil.which("openssl"):
-        return cacerts.hooks()
-    return []
+        divert, restore = cacerts.hooks()
+        before, after = before + divert, restore + after
+    return before + after
 
 
 def ensure_base(engine, base: str, arch: Arch, events: Events, packages: tuple[str, ...] = ()) -> BaseImage:
@@ -181,7 +191,7 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
 # mmdebstrap's own messages (I:, W:, E:) and the lab's hooks' one-line reports are progress; what
 # apt and dpkg print inside a hook (the merged-usr hook's "Reading database ... 5%") is detail, shown
 # with -v as stage "bootstrap"
-_SAID = re.compile(r"^(?:[IWE]: |ca-certificates: )")
+_SAID = re.compile(r"^(?:[IWE]: |ca-certificates: |xz: )")
 
 
 def _run_mmdebstrap(cmd: list[str], events: Events) -> None:

@@ -18,45 +18,35 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+if __package__:
+    from lab.build import diversion
+else:  # run as a file by mmdebstrap's hook: its folder is on sys.path
+    import diversion  # type: ignore[no-redef]
+
 TOOL = "/usr/sbin/update-ca-certificates"
-DIVERTED = TOOL + ".lab-native"
-BACKUP = "/var/lib/dpkg/diversions-old"
-SAVED = BACKUP + ".lab-saved"
+DIVERTED = TOOL + diversion.SUFFIX
 STUB = "#!/bin/sh\n# torch-repro-lab: made on the host after the bootstrap (lab/build/cacerts.py)\nexit 0\n"
 
 
-def hooks(python: str = sys.executable) -> list[str]:
-    """mmdebstrap's options: divert the tool before the packages are installed, update after."""
+def hooks(python: str = sys.executable) -> tuple[list[str], list[str]]:
+    """mmdebstrap's options: (divert the tool before the packages are installed, update after)."""
     run = f"{shlex.quote(python)} {shlex.quote(str(Path(__file__).resolve()))}"
-    return [f'--essential-hook={run} divert "$1"', f'--customize-hook={run} update "$1"']
+    return [f'--essential-hook={run} divert "$1"'], [f'--customize-hook={run} update "$1"']
 
 
 def divert(root: Path) -> str:
     """Before ca-certificates is unpacked: its tool goes to DIVERTED, and a no-op stands in its place."""
-    backup = root / BACKUP.lstrip("/")
-    if backup.is_file():  # dpkg-divert's backup, as it was before
-        shutil.copy2(backup, root / SAVED.lstrip("/"))
-    _chroot(root, "dpkg-divert", "--quiet", "--local", "--rename", "--divert", DIVERTED, "--add", TOOL)
-    stub = root / TOOL.lstrip("/")
-    stub.write_text(STUB)
-    stub.chmod(0o755)
+    diversion.add(root, TOOL, STUB)
     return f"ca-certificates: {TOOL} is a no-op until every package is installed"
 
 
 def update(root: Path) -> str:
     """Put the tool back, then update /etc/ssl/certs under `root`; what was done, in one line."""
-    (root / TOOL.lstrip("/")).unlink(missing_ok=True)
-    _chroot(root, "dpkg-divert", "--quiet", "--local", "--rename", "--remove", TOOL)
-    saved, backup = root / SAVED.lstrip("/"), root / BACKUP.lstrip("/")
-    if saved.is_file():  # no trace of the diversion is left, not even in dpkg-divert's backup
-        saved.replace(backup)
-    else:
-        backup.unlink(missing_ok=True)
+    diversion.remove(root, TOOL)
     update_d = root / "etc/ca-certificates/update.d"
     if update_d.is_dir() and any(update_d.iterdir()):
         _chroot(root, TOOL)

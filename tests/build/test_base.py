@@ -72,6 +72,25 @@ def test_bookworm_and_later_get_a_merged_usr_as_the_official_images_have_it(monk
     assert not any(a.startswith("--hook-dir") for a in cmd)
 
 
+def test_an_emulated_bootstrap_decompresses_natively_and_undoes_it_last(monkeypatch):
+    """With a static busybox on the host, an arm64 bootstrap diverts dpkg-deb before the essential
+    packages are installed; the customize hooks undo the diversions in the reverse order."""
+    monkeypatch.setattr(base_mod.nativeunpack, "static_busybox", lambda: base_mod.Path("/bin/busybox"))
+    monkeypatch.setattr(base_mod, "host_arch", lambda: Arch.AMD64)
+    monkeypatch.setattr(base_mod.shutil, "which", lambda name: f"/usr/bin/{name}")  # openssl
+    hooks = [a for a in bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"), PKGS)
+             if a.startswith(("--extract-hook", "--essential-hook", "--customize-hook"))]
+    assert [(h.split("=", 1)[0], "nativeunpack" in h, "cacerts" in h) for h in hooks] == [
+        ("--extract-hook", True, False), ("--essential-hook", False, True),
+        ("--customize-hook", False, True), ("--customize-hook", True, False)]
+    assert hooks[0].endswith('divert "$1" /bin/busybox') and hooks[-1].endswith('restore "$1"')
+    native = bootstrap_command("bookworm", Arch.AMD64, base_mod.Path("r.tar"), PKGS)  # dpkg-deb is native there
+    assert not [a for a in native if "nativeunpack" in a]
+    monkeypatch.setattr(base_mod.nativeunpack, "static_busybox", lambda: None)  # no busybox-static
+    assert not [a for a in bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"), PKGS)
+                if "nativeunpack" in a]
+
+
 def test_mmdebstrap_messages_are_progress_and_what_apt_says_in_a_hook_is_detail():
     said = []
     script = "echo 'I: installing essential packages...'; echo '(Reading database ... 5%'; " \

@@ -1,9 +1,9 @@
 """lab.build.cacerts: ca-certificates' update done on the host during a bootstrap.
 
 The image's own update-ca-certificates is Debian's script; here the host's copy of it stands in
-(the CI machines are Debian), run on a small tree, as the customize hook runs it. Only the two
-dpkg-divert calls, which need an arm64 chroot, are replaced by what they do to the files. The
-bootstrap itself, and the comparison with the tool run inside the image, are in tests/test_e2e.py.
+(the CI machines are Debian), run on a small tree, as the customize hook runs it; the diversion is
+dpkg's file, edited on the host (lab.build.diversion). The bootstrap itself, and the comparison
+with the tool run inside the image, are in tests/test_e2e.py.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ pytestmark = pytest.mark.skipif(not (HOST_TOOL.is_file() and shutil.which("opens
 
 
 @pytest.fixture
-def tree(tmp_path: Path, monkeypatch) -> tuple[Path, list]:
+def tree(tmp_path: Path) -> Path:
     """A tree as the bootstrap leaves it before the customize hook: the certificates unpacked, the
-    conf written by the postinst (one certificate deselected), the tool diverted, a no-op in its place."""
+    conf written by the postinst (one certificate deselected), the tool diverted (where dpkg put
+    the package's copy), a no-op in its place."""
     certs = sorted(MOZILLA.glob("*.crt"))[:3]
     (tmp_path / "usr/share/ca-certificates/mozilla").mkdir(parents=True)
     for crt in certs:
@@ -38,31 +39,26 @@ def tree(tmp_path: Path, monkeypatch) -> tuple[Path, list]:
         "# comment\n" + "".join(f"mozilla/{c.name}\n" for c in certs[:2]) + f"!mozilla/{certs[2].name}\n")
     (tmp_path / "usr/sbin").mkdir(parents=True)
     (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/diversions").write_text(DASH)
     (tmp_path / "var/lib/dpkg/diversions-old").write_text("before\n")
-    calls: list[tuple[str, ...]] = []
-
-    def chroot(root: Path, *cmd: str) -> None:  # what dpkg-divert --rename does to the files
-        calls.append(cmd)
-        (root / "var/lib/dpkg/diversions-old").write_text("changed by dpkg-divert\n")
-        if "--add" in cmd:
-            shutil.copy(HOST_TOOL, root / cacerts.DIVERTED.lstrip("/"))
-        elif "--remove" in cmd:
-            os.replace(root / cacerts.DIVERTED.lstrip("/"), root / cacerts.TOOL.lstrip("/"))
-
-    monkeypatch.setattr(cacerts, "_chroot", chroot)
     cacerts.divert(tmp_path)
-    return tmp_path, calls
+    shutil.copy(HOST_TOOL, tmp_path / cacerts.DIVERTED.lstrip("/"))  # dpkg unpacks ca-certificates
+    return tmp_path
+
+
+DASH = "/bin/sh\n/bin/sh.distrib\ndash\n"
 
 
 def test_during_the_bootstrap_the_tool_is_a_no_op(tree):
-    root, _ = tree
+    root = tree
     stub = root / cacerts.TOOL.lstrip("/")
     assert subprocess.run(["sh", str(stub), "--fresh"]).returncode == 0 and "exit 0" in stub.read_text()
     assert (root / cacerts.DIVERTED.lstrip("/")).read_bytes() == HOST_TOOL.read_bytes()
+    assert (root / "var/lib/dpkg/diversions").read_text() == f"{DASH}{cacerts.TOOL}\n{cacerts.DIVERTED}\n:\n"
 
 
 def test_the_update_on_the_host_leaves_what_the_tool_leaves_in_the_image(tree):
-    root, calls = tree
+    root = tree
     said = cacerts.update(root)
     certs = root / "etc/ssl/certs"
     enabled = sorted(MOZILLA.glob("*.crt"))[:2]
@@ -75,19 +71,21 @@ def test_the_update_on_the_host_leaves_what_the_tool_leaves_in_the_image(tree):
                               for c in enabled)
     hashes = [p for p in certs.iterdir() if p.name.endswith(".0")]
     assert len(hashes) == 2 and all(os.readlink(h).endswith(".pem") for h in hashes)  # openssl rehash's
-    # the tool is Debian's again, and dpkg-divert's backup is as it was before the diversion
+    # the tool is Debian's again, and dpkg's diversions and dpkg-divert's backup are as before
     assert (root / cacerts.TOOL.lstrip("/")).read_bytes() == HOST_TOOL.read_bytes()
+    assert not (root / cacerts.DIVERTED.lstrip("/")).exists()
+    assert (root / "var/lib/dpkg/diversions").read_text() == DASH
     assert (root / "var/lib/dpkg/diversions-old").read_text() == "before\n"
-    assert not (root / cacerts.SAVED.lstrip("/")).exists()
-    assert [c[-1] for c in calls] == [cacerts.TOOL, cacerts.TOOL]
 
 
-def test_with_update_hooks_in_the_image_the_tool_runs_there(tree):
-    root, calls = tree
+def test_with_update_hooks_in_the_image_the_tool_runs_there(tree, monkeypatch):
+    root = tree
+    calls = []
+    monkeypatch.setattr(cacerts, "_chroot", lambda root, *cmd: calls.append(cmd))  # needs an arm64 chroot
     (root / "etc/ca-certificates/update.d").mkdir(parents=True)
     (root / "etc/ca-certificates/update.d/jks-keystore").write_text("#!/bin/sh\n")
     assert "emulated" in cacerts.update(root)
-    assert calls[-1] == (cacerts.TOOL,)
+    assert calls == [(cacerts.TOOL,)]
     assert not (root / "etc/ssl/certs/ca-certificates.crt").exists()  # left to the image's own run
 
 
