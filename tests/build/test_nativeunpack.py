@@ -1,13 +1,14 @@
-"""lab.build.nativeunpack: during an emulated bootstrap, dpkg-deb's --fsys-tarfile decompresses
-data.tar.xz with the host's static busybox, and gives dpkg the stream dpkg-deb gives.
+"""lab.build.nativeunpack: during an emulated bootstrap, what dpkg asks of dpkg-split and dpkg-deb
+for each package is answered by the host's static busybox, as the tools themselves answer it.
 
-The stand-in is run here on the host, with its paths pointed at the host's busybox and dpkg-deb
-(the CI machines are Debian; bin/setup-host installs busybox-static). The bootstrap that uses it,
+The stand-ins are run here on the host, with their paths pointed at the host's busybox and tools
+(the CI machines are Debian; bin/setup-host installs busybox-static). The bootstrap that uses them,
 and the base it leaves, are in tests/test_e2e.py."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -22,13 +23,17 @@ pytestmark = pytest.mark.skipif(BUSYBOX is None or shutil.which("dpkg-deb") is N
                                 reason="needs the host's busybox-static (bin/setup-host) and dpkg-deb")
 
 
-@pytest.fixture
-def stand_in(tmp_path: Path) -> Path:
-    script = tmp_path / "dpkg-deb"
-    script.write_text(nativeunpack.STAND_IN.replace(nativeunpack.BUSYBOX, str(BUSYBOX))
-                      .replace(nativeunpack.DIVERTED, shutil.which("dpkg-deb")))
+def stand_in(tmp_path: Path, tool: str) -> Path:
+    script = tmp_path / Path(tool).name
+    script.write_text(nativeunpack.STAND_INS[tool].replace(nativeunpack.BUSYBOX, str(BUSYBOX))
+                      .replace(tool + ".lab-native", shutil.which(Path(tool).name)))
     script.chmod(0o755)
     return script
+
+
+@pytest.fixture
+def dpkg_deb(tmp_path: Path) -> Path:
+    return stand_in(tmp_path, nativeunpack.DPKG_DEB)
 
 
 def package(tmp_path: Path, compression: str) -> Path:
@@ -36,6 +41,8 @@ def package(tmp_path: Path, compression: str) -> Path:
     (tree / "DEBIAN").mkdir(parents=True)
     (tree / "DEBIAN/control").write_text("Package: lab-test\nVersion: 1.0\nArchitecture: all\n"
                                          "Maintainer: lab <lab@example.org>\nDescription: test\n")
+    (tree / "DEBIAN/postinst").write_text("#!/bin/sh\nexit 0\n")
+    (tree / "DEBIAN/postinst").chmod(0o755)
     (tree / "usr/share/lab-test").mkdir(parents=True)
     (tree / "usr/share/lab-test/data").write_bytes(bytes(range(256)) * 4000)
     (tree / "usr/share/lab-test/link").symlink_to("data")
@@ -51,27 +58,59 @@ def out(*cmd) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("compression", ["xz", "gzip", "none"])
-def test_dpkg_gets_the_tar_stream_dpkg_deb_gives(tmp_path, stand_in, compression):
+def test_dpkg_gets_the_tar_stream_dpkg_deb_gives(tmp_path, dpkg_deb, compression):
     deb = package(tmp_path, compression)
-    assert out(stand_in, "--fsys-tarfile", deb) == out("dpkg-deb", "--fsys-tarfile", deb)
-    assert out(stand_in, "--fsys-tarfile", deb)[0] == 0
+    assert out(dpkg_deb, "--fsys-tarfile", deb) == out("dpkg-deb", "--fsys-tarfile", deb)
+    assert out(dpkg_deb, "--fsys-tarfile", deb)[0] == 0
 
 
-def test_every_other_call_is_dpkg_deb_itself(tmp_path, stand_in):
+@pytest.mark.parametrize("compression", ["xz", "gzip"])
+def test_dpkg_gets_the_control_files_dpkg_deb_gives(tmp_path, dpkg_deb, compression):
+    deb = package(tmp_path, compression)
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    subprocess.run([dpkg_deb, "--control", deb, ours], check=True)
+    subprocess.run(["dpkg-deb", "--control", deb, theirs], check=True)
+
+    def files(folder: Path) -> list:
+        return [(p.name, p.read_bytes(), p.stat().st_mode, p.stat().st_uid, p.stat().st_mtime)
+                for p in sorted(folder.iterdir())]
+    assert files(ours) == files(theirs) and [f[0] for f in files(ours)] == ["control", "postinst"]
+
+
+def test_a_whole_package_is_not_part_of_a_split_one(tmp_path):
+    """dpkg-split itself is replaced by a fake that says it was called: a part of a split package
+    (and any other call) is passed on to it, and the host's queue of parts is not touched."""
+    fake = tmp_path / "fake-dpkg-split"
+    fake.write_text("#!/bin/sh\necho passed on\nexit 7\n")
+    fake.chmod(0o755)
+    script = tmp_path / "dpkg-split"
+    script.write_text(nativeunpack.STAND_INS[nativeunpack.DPKG_SPLIT].replace(nativeunpack.BUSYBOX, str(BUSYBOX))
+                      .replace(nativeunpack.DPKG_SPLIT + ".lab-native", str(fake)))
+    script.chmod(0o755)
     deb = package(tmp_path, "xz")
-    assert subprocess.run([stand_in, "-f", deb, "Version"], capture_output=True, text=True).stdout == "1.0\n"
-    control = tmp_path / "control"
-    subprocess.run([stand_in, "--control", deb, control], check=True)
-    assert "Package: lab-test" in (control / "control").read_text()
+    assert subprocess.run([script, "-Qao", tmp_path / "part", deb]).returncode == 1
+    assert subprocess.run(["dpkg-split", "-Qao", tmp_path / "part", deb]).returncode == 1  # what it says
+    (tmp_path / "pkg-xz/usr/share/lab-test/data").write_bytes(os.urandom(300_000))
+    big = tmp_path / "big.deb"
+    subprocess.run(["dpkg-deb", "-b", tmp_path / "pkg-xz", big], check=True, capture_output=True)
+    subprocess.run(["dpkg-split", "-S", "100", "-s", big, tmp_path / "part"], check=True, capture_output=True)
+    for call in (["-Qao", tmp_path / "whole", tmp_path / "part.1of3.deb"], ["--info", deb]):
+        done = subprocess.run([script, *call], capture_output=True, text=True)
+        assert (done.returncode, done.stdout) == (7, "passed on\n")
 
 
-def test_a_damaged_package_fails_as_with_dpkg_deb(tmp_path, stand_in):
+def test_every_other_call_is_dpkg_deb_itself(tmp_path, dpkg_deb):
+    deb = package(tmp_path, "xz")
+    assert subprocess.run([dpkg_deb, "-f", deb, "Version"], capture_output=True, text=True).stdout == "1.0\n"
+
+
+def test_a_damaged_package_fails_as_with_dpkg_deb(tmp_path, dpkg_deb):
     deb = package(tmp_path, "xz")
     whole = deb.read_bytes()
     cut = tmp_path / "cut.deb"
     cut.write_bytes(whole[:len(whole) - 2000])  # the end of data.tar.xz is missing
-    assert out(stand_in, "--fsys-tarfile", cut)[0] != 0
-    assert out(stand_in, "--fsys-tarfile", tmp_path / "absent.deb")[0] != 0
+    assert out(dpkg_deb, "--fsys-tarfile", cut)[0] != 0
+    assert out(dpkg_deb, "--fsys-tarfile", tmp_path / "absent.deb")[0] != 0
 
 
 def test_only_a_statically_linked_busybox_serves(tmp_path):
@@ -84,13 +123,15 @@ def test_only_a_statically_linked_busybox_serves(tmp_path):
 
 def test_divert_and_restore_leave_the_tree_as_it_was(tmp_path):
     (tmp_path / "usr/bin").mkdir(parents=True)
-    (tmp_path / "usr/bin/dpkg-deb").write_text("the image's dpkg-deb\n")
+    for tool in ("dpkg-deb", "dpkg-split"):
+        (tmp_path / "usr/bin" / tool).write_text(f"the image's {tool}\n")
     (tmp_path / "var/lib/dpkg").mkdir(parents=True)
     said = nativeunpack.divert(tmp_path, BUSYBOX)
     assert said.startswith("xz: ")
     assert (tmp_path / nativeunpack.BUSYBOX.lstrip("/")).read_bytes() == BUSYBOX.read_bytes()
-    assert (tmp_path / "usr/bin/dpkg-deb").read_text() == nativeunpack.STAND_IN
+    for tool, stand_in in nativeunpack.STAND_INS.items():
+        assert (tmp_path / tool.lstrip("/")).read_text() == stand_in
     assert nativeunpack.restore(tmp_path).startswith("xz: ")
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == \
-        ["usr", "usr/bin", "usr/bin/dpkg-deb", "var", "var/lib", "var/lib/dpkg"]
+        ["usr", "usr/bin", "usr/bin/dpkg-deb", "usr/bin/dpkg-split", "var", "var/lib", "var/lib/dpkg"]
     assert (tmp_path / "usr/bin/dpkg-deb").read_text() == "the image's dpkg-deb\n"
