@@ -102,6 +102,21 @@ def test_an_emulated_run_compiles_in_one_process_unless_the_scenario_says_otherw
     assert emulated_env(own.run_env(), own, on_amd64)["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
 
 
+def test_an_emulated_run_has_one_openblas_thread_unless_the_scenario_says_otherwise():
+    """Under QEMU, OpenBLAS's idle pool thread holds a core for the whole run (lab.core.arch.EMULATED_ENV);
+    torch's own OpenMP threads are the scenario's."""
+    from types import SimpleNamespace
+
+    from lab.pipeline import emulated_env
+    arm = resolve(load_scenario(SCENARIOS / "libgomp-aarch64.yaml"))
+    on_amd64, on_arm64 = SimpleNamespace(arch=Arch.AMD64), SimpleNamespace(arch=Arch.ARM64)
+    env = emulated_env(arm.run_env(), arm, on_amd64)
+    assert env["OPENBLAS_NUM_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "2"
+    assert "OPENBLAS_NUM_THREADS" not in emulated_env(arm.run_env(), arm, on_arm64)    # native
+    own = replace(arm, scenario=arm.scenario.model_copy(update={"env": {"OPENBLAS_NUM_THREADS": "2"}}))
+    assert emulated_env(own.run_env(), own, on_amd64)["OPENBLAS_NUM_THREADS"] == "2"
+
+
 def test_work_started_beside_the_run_answers_when_asked_and_raises_its_own_error():
     """The base made beside the cross-install (lab.pipeline._beside): both start at once, the
     answer waits for the work, and an error reaches the one who asks."""

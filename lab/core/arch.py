@@ -12,7 +12,14 @@ __all__ = ["EMULATED_ENV", "Arch", "with_emulated_env"]
 # vmap-inside-compile on torch 2.3.1 arm64, two emulated runs at once: the run hung until its timeout).
 # Emulated runs therefore compile in one process unless the scenario's env says otherwise; under
 # emulation the worker pool only costs time anyway.
-EMULATED_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+# torch's aarch64 wheels bundle OpenBLAS, whose thread pool (OMP_NUM_THREADS threads, or one per CPU)
+# starts at `import torch`. Under QEMU user mode its idle threads never go to sleep: measured on
+# torch 2.5.1 (OpenBLAS 0.3.25) with OMP_NUM_THREADS=2, one thread holds a whole core for as long as
+# the process lives, while the script sleeps, and the same with OPENBLAS_THREAD_TIMEOUT=4,
+# OMP_WAIT_POLICY=passive or GOMP_SPINCOUNT=0; on two cores, the script, g++ and collect_env then
+# share the other one. Emulated runs therefore use one OpenBLAS thread unless the scenario's env
+# says otherwise (torch's own OpenMP threads are not touched).
+EMULATED_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 def with_emulated_env(env: dict[str, str], emulated: bool) -> dict[str, str]:

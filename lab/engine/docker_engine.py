@@ -29,6 +29,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
+from lab.core.arch import with_emulated_env
 from lab.core.errors import BuildError, EngineError
 from lab.core.hashing import CountingWriter, HashingWriter
 from lab.core.records import (
@@ -390,8 +391,9 @@ class Engine:
     def output_of(self, image: str, command: list[str], arch: Arch, timeout: float,
                   labels: dict[str, str]) -> tuple[int | None, str]:
         """Run a short command in `image`, confined like a run, and return (exit code, combined
-        output; at most OUTPUT_OF_BYTES of it)."""
-        container = self._create(image, command, {}, arch, labels, limits=RunLimits())
+        output; at most OUTPUT_OF_BYTES of it). An emulated command gets lab.core.arch.EMULATED_ENV."""
+        container = self._create(image, command, with_emulated_env({}, arch != self.arch), arch, labels,
+                                 limits=RunLimits())
         try:
             _start(container)
             exit_code, _, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None,

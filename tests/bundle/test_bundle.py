@@ -204,7 +204,7 @@ def test_report_ends_with_replay(bundle: Path, tmp_path: Path) -> None:
     assert "lab replay b.tar.gz" in tail and "tar xzf b.tar.gz" in tail and f"cd {NAME}" in tail
     assert "docker build --platform linux/arm64 --build-arg BASE=debian:bookworm -t repro ." in tail
     assert ("docker run --rm --platform linux/arm64 --network none -e HF_TOKEN=*** -e N=512 -e OMP_NUM_THREADS=2 "
-            "-e TORCHINDUCTOR_COMPILE_THREADS=1 -e LD_DEBUG=libs,files repro") in tail
+            "-e OPENBLAS_NUM_THREADS=1 -e TORCHINDUCTOR_COMPILE_THREADS=1 -e LD_DEBUG=libs,files repro") in tail
 
 
 def test_existing_replay_section_is_kept(run: Path, tmp_path: Path) -> None:
@@ -498,7 +498,7 @@ def test_replay_instructions_gpu_network_limits() -> None:
                                scenario=scenario, folder="f")
     assert "--build-arg BASE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04" in text
     assert ("docker run --rm --platform linux/amd64 --gpus all --memory 8g --pids-limit 4096 --cpus 2.0 "
-            "-e 'A=x y' -e LAB_BACKEND=inductor -e TORCHINDUCTOR_COMPILE_THREADS=1 "
+            "-e 'A=x y' -e LAB_BACKEND=inductor -e OPENBLAS_NUM_THREADS=1 -e TORCHINDUCTOR_COMPILE_THREADS=1 "
             "-e LD_DEBUG=libs,files repro") in text
     assert "--network none" not in text and "tar xzf 'my bundle.tar.gz'" in text and "cd f" in text
 
