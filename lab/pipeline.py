@@ -183,8 +183,17 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         report.write_scenario(run_dir, case, None if local else image.base)
         _save_freeze(engine, _image_ref(image), run_dir)
         torch_build = read_torch_build(engine, _image_ref(image), case)
-        with clock("run"):
-            raw = _run_script(case, engine, _image_ref(image), run_dir, events, limits)
+        collected_beside = None
+        if collect_env and emulated:  # the emulated script keeps one core busy: collect_env takes the other
+            collected_beside = _beside(partial(_collect_env, engine, image, case, events, background=True))
+        try:
+            with clock("run"):
+                raw = _run_script(case, engine, _image_ref(image), run_dir, events, limits)
+        except LabError:
+            if collected_beside is not None:  # its container is not left running behind the error
+                with contextlib.suppress(Exception):
+                    collected_beside()
+            raise
         with clock("analyze"):
             evidence = analyze(raw)
         diagnostics = None
@@ -195,9 +204,9 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         else:
             events("diagnose", f"not run: {why}")
         collected = None
-        if collect_env:  # after the script, not beside it: on two cores the emulated script slowed by more
+        if collect_env:  # the time it adds to the run: emulated, what is left of it after the script
             with clock("collect_env"):
-                collected = _collect_env(engine, image, case, events)
+                collected = collected_beside() if collected_beside else _collect_env(engine, image, case, events)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
                           read_text(raw.stderr_path), diagnostics)
         rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image,
@@ -366,9 +375,12 @@ def _beside(fn: Callable[[], R]) -> Callable[[], R]:
     return answer
 
 
-def _collect_env(engine: Engine, image, case: Case, events: Events) -> str:
+def _collect_env(engine: Engine, image, case: Case, events: Events, background: bool = False) -> str:
     """`python -m torch.utils.collect_env` in the image. Its answer depends only on the image and the
-    engine's host, so it is kept per (engine, image ID): a warm run of a cached image reads it back."""
+    engine's host, so it is kept per (engine, image ID): a warm run of a cached image reads it back.
+    `background`: beside an emulated script, at the lowest CPU weight. Emulated, the script uses one
+    core most of the time (measured on libgomp-aarch64: one core idle, except while the kernel
+    runs on two threads), and collect_env needs about 20 s of one; the script still gets the CPU first."""
     key = f"{engine.engine_id}-{image.image_id}".replace(":", "_").replace("/", "_")
     cached = cache_dir("collect_env") / f"{key}.txt"
     try:
@@ -379,7 +391,8 @@ def _collect_env(engine: Engine, image, case: Case, events: Events) -> str:
         pass
     events("collect_env", "python -m torch.utils.collect_env")
     code, output = engine.output_of(_image_ref(image), ["python", "-m", "torch.utils.collect_env"], case.arch,
-                                    COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name})
+                                    COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name},
+                                    background=background)
     if code != 0:
         return f"Could not collect (exit {code}):\n{output}"
     try:

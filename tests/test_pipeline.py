@@ -66,9 +66,11 @@ class _Engine:
 
     def __init__(self):
         self.calls = 0
+        self.background = []
 
-    def output_of(self, tag, command, arch, timeout, labels):
+    def output_of(self, tag, command, arch, timeout, labels, background=False):
         self.calls += 1
+        self.background.append(background)
         return 0, "PyTorch version: 2.13.0+cpu\n"
 
 
@@ -85,8 +87,8 @@ def test_collect_env_is_asked_once_per_engine_and_image(tmp_path, monkeypatch):
     assert first == again == "PyTorch version: 2.13.0+cpu\n" and engine.calls == 1
     assert "kept from an earlier run" in seen[-1]
     other = SimpleNamespace(tag="t", ref="t", image_id="sha256:def")
-    pipeline._collect_env(engine, other, case(), lambda *a: None)
-    assert engine.calls == 2
+    pipeline._collect_env(engine, other, case(), lambda *a: None, background=True)  # beside an emulated script
+    assert engine.calls == 2 and engine.background == [False, True]
 
 
 def test_an_emulated_run_compiles_in_one_process_unless_the_scenario_says_otherwise():

@@ -389,11 +389,13 @@ class Engine:
                       streams=streams, outputs=outputs)
 
     def output_of(self, image: str, command: list[str], arch: Arch, timeout: float,
-                  labels: dict[str, str]) -> tuple[int | None, str]:
+                  labels: dict[str, str], background: bool = False) -> tuple[int | None, str]:
         """Run a short command in `image`, confined like a run, and return (exit code, combined
-        output; at most OUTPUT_OF_BYTES of it). An emulated command gets lab.core.arch.EMULATED_ENV."""
+        output; at most OUTPUT_OF_BYTES of it). An emulated command gets lab.core.arch.EMULATED_ENV.
+        `background`: the lowest CPU weight (cpu_shares 2 against a run's 1024), for a command run
+        beside the script: it gets the CPU the script leaves."""
         container = self._create(image, command, with_emulated_env({}, arch != self.arch), arch, labels,
-                                 limits=RunLimits())
+                                 limits=RunLimits(), background=background)
         try:
             _start(container)
             exit_code, _, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None,
@@ -425,14 +427,16 @@ class Engine:
             _remove(container)
 
     def _create(self, image: str, command: list[str], env: dict[str, str], arch: Arch | None,
-                labels: dict[str, str], limits: RunLimits, with_out: bool = False):
+                labels: dict[str, str], limits: RunLimits, with_out: bool = False, background: bool = False):
+        options = container_options(arch, {**LABELS, SESSION_LABEL: SESSION, **labels}, limits, with_out)
+        if background:
+            options["cpu_shares"] = 2  # Docker's least; cgroup v2's cpu.weight 1
         try:
             with _CREATE_GATE:
                 if _STOPPING.is_set():
                     raise EngineError("the lab is stopping (interrupted): no new container is started")
                 return self.client.containers.create(
-                    image, command=command, environment={"HOME": RUN_HOME, **env},
-                    **container_options(arch, {**LABELS, SESSION_LABEL: SESSION, **labels}, limits, with_out))
+                    image, command=command, environment={"HOME": RUN_HOME, **env}, **options)
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine could not create a container from {image}: {_short(exc)}") from None
 

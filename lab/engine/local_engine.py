@@ -374,8 +374,9 @@ class LocalEngine:
                       streams=streams, outputs=outputs, unit="sandbox" if confinement.confined else "run")
 
     def output_of(self, image: LocalImage, command: list[str], arch: Arch, timeout: float,
-                  labels: dict[str, str]) -> tuple[int | None, str]:
-        """Run a short command confined like a run; (exit code, stdout and stderr together)."""
+                  labels: dict[str, str], background: bool = False) -> tuple[int | None, str]:
+        """Run a short command confined like a run; (exit code, stdout and stderr together).
+        `background` changes nothing here: the local engine runs natively, never beside an emulated script."""
         with tempfile.TemporaryDirectory(prefix="lab-local-") as tmp:
             raw = self.run(image, command, {}, Path(tmp) / "out", Path(tmp), arch, timeout, labels,
                            lambda s, m: None, RunLimits(memory_bytes=None if image.gpu else 8 * 1024**3))
