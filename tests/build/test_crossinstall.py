@@ -342,3 +342,15 @@ def test_a_complete_tree_carries_its_freeze_and_one_with_pending_requirements_do
     assert (complete.root / ".lab-freeze.txt").read_text() == "fake==1.0\n"
     partial = ensure_site(job(("torch==2.5.1", "sdist-only==1")), fake_installer)
     assert partial.pending and not (partial.root / ".lab-freeze.txt").exists()
+
+
+def test_uv_yields_the_cpu_to_a_bootstrap_beside_it(monkeypatch, tmp_path):
+    """On a cold run uv works beside the emulated bootstrap, which the run waits for: uv is niced."""
+    seen = []
+    monkeypatch.setattr(crossinstall.subprocess, "run", lambda argv, **kw: seen.append(argv))
+    crossinstall._uv("/bin/uv", ["pip", "install"], {}, tmp_path)
+    nice = crossinstall.shutil.which("nice")
+    assert seen == [[nice, "-n", "10", "/bin/uv", "pip", "install"]]
+    monkeypatch.setattr(crossinstall.shutil, "which", lambda name: None)  # a host with no nice
+    crossinstall._uv("/bin/uv", ["--version"], {}, tmp_path)
+    assert seen[-1] == ["/bin/uv", "--version"]
