@@ -189,7 +189,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         try:
             with clock("run"):
                 raw = _run_script(case, engine, _image_ref(image), run_dir, events, limits)
-        except LabError:
+        except Exception:
             if collected_beside is not None:  # its container is not left running behind the error
                 with contextlib.suppress(Exception):
                     collected_beside()

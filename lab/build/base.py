@@ -76,19 +76,16 @@ def _merged_usr(suite: str) -> list[str]:
 
 def _native_steps(arch: Arch, packages: tuple[str, ...]) -> list[str]:
     """Hooks that do on the host what the same packages would do slowly under QEMU, with the same
-    result: ca-certificates' update (lab.build.cacerts), when the host has openssl to hash with;
-    for a foreign arch, dpkg's xz decompression (lab.build.nativeunpack), when the host has a static
-    busybox. Their customize hooks undo their diversions in the reverse order of the diversions."""
-    before: list[str] = []
-    after: list[str] = []
+    result: for a foreign arch, dpkg's per-package helpers (lab.build.nativeunpack), when the host
+    has a static busybox; ca-certificates' update (lab.build.cacerts), when the host has openssl to
+    hash with. The diversions are made in that order and undone in the reverse one."""
+    steps: list[tuple[list[str], list[str]]] = []
     busybox = nativeunpack.static_busybox() if arch != host_arch() else None
     if busybox is not None:
-        divert, restore = nativeunpack.hooks(busybox)
-        before, after = divert, restore
+        steps.append(nativeunpack.hooks(busybox))
     if "ca-certificates" in packages and shutil.which("openssl"):
-        divert, restore = cacerts.hooks()
-        before, after = before + divert, restore + after
-    return before + after
+        steps.append(cacerts.hooks())
+    return [hook for divert, _ in steps for hook in divert] + [hook for _, undo in reversed(steps) for hook in undo]
 
 
 def ensure_base(engine, base: str, arch: Arch, events: Events, packages: tuple[str, ...] = ()) -> BaseImage:
