@@ -392,7 +392,7 @@ def _collect_env(engine: Engine, image, case: Case, events: Events, background: 
     events("collect_env", "python -m torch.utils.collect_env")
     code, output = engine.output_of(_image_ref(image), ["python", "-m", "torch.utils.collect_env"], case.arch,
                                     COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name},
-                                    background=background)
+                                    background=background, env=emulated_env({}, case, engine))
     if code != 0:
         return f"Could not collect (exit {code}):\n{output}"
     try:

@@ -63,14 +63,17 @@ def test_a_timed_out_run_is_never_diagnosed():
 
 class _Engine:
     engine_id = "ENGINE:ID"
+    arch = Arch.AMD64
 
     def __init__(self):
         self.calls = 0
         self.background = []
+        self.envs = []
 
-    def output_of(self, tag, command, arch, timeout, labels, background=False):
+    def output_of(self, tag, command, arch, timeout, labels, background=False, env=None):
         self.calls += 1
         self.background.append(background)
+        self.envs.append(env)
         return 0, "PyTorch version: 2.13.0+cpu\n"
 
 
@@ -89,6 +92,21 @@ def test_collect_env_is_asked_once_per_engine_and_image(tmp_path, monkeypatch):
     other = SimpleNamespace(tag="t", ref="t", image_id="sha256:def")
     pipeline._collect_env(engine, other, case(), lambda *a: None, background=True)  # beside an emulated script
     assert engine.calls == 2 and engine.background == [False, True]
+    assert engine.envs == [{}, {}]    # native: no emulated defaults
+
+
+def test_an_emulated_collect_env_gets_the_emulated_env(tmp_path, monkeypatch):
+    """collect_env under QEMU imports torch as the script does: one OpenBLAS thread, not a spinning pool."""
+    from types import SimpleNamespace
+
+    from lab import pipeline
+    from lab.core.arch import EMULATED_ENV
+
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    engine, image = _Engine(), SimpleNamespace(tag="t", ref="t", image_id="sha256:abc")
+    arm = resolve(load_scenario(SCENARIOS / "libgomp-aarch64.yaml"))
+    pipeline._collect_env(engine, image, arm, lambda *a: None, background=True)
+    assert engine.envs == [EMULATED_ENV]
 
 
 def test_an_emulated_run_compiles_in_one_process_unless_the_scenario_says_otherwise():

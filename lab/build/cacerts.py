@@ -17,7 +17,6 @@ keystore, say), they need the image's own programs, so the whole update runs emu
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +33,7 @@ STUB = "#!/bin/sh\n# torch-repro-lab: made on the host after the bootstrap (lab/
 
 def hooks(python: str = sys.executable) -> tuple[list[str], list[str]]:
     """mmdebstrap's options: (divert the tool before the packages are installed, update after)."""
-    run = f"{shlex.quote(python)} {shlex.quote(str(Path(__file__).resolve()))}"
+    run = diversion.hook_command(__file__, python)
     return [f'--essential-hook={run} divert "$1"'], [f'--customize-hook={run} update "$1"']
 
 

@@ -14,6 +14,7 @@ lab.build.nativeunpack): the standard library only.
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 DIVERSIONS = "/var/lib/dpkg/diversions"
@@ -22,6 +23,12 @@ SUFFIX = ".lab-native"
 _NEW = DIVERSIONS + ".lab-new"  # there was no diversions file before the lab's first entry
 
 Entry = tuple[str, str, str]  # path, diverted to, package (":" for a local diversion)
+
+
+def hook_command(script: str, python: str) -> str:
+    """The start of a hook's shell command for mmdebstrap: `python` runs the module file `script`
+    (a hook module of the standard library only, as this one) with the arguments that follow."""
+    return f"{shlex.quote(python)} {shlex.quote(str(Path(script).resolve()))}"
 
 
 def add(root: Path, path: str, stand_in: str) -> str:

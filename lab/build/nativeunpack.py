@@ -69,7 +69,7 @@ exec {DPKG_SPLIT}{diversion.SUFFIX} "$@"
 
 def hooks(busybox: Path, python: str = sys.executable) -> tuple[list[str], list[str]]:
     """mmdebstrap's options: (the extract hook that diverts, the customize hook that restores)."""
-    run = f"{shlex.quote(python)} {shlex.quote(str(Path(__file__).resolve()))}"
+    run = diversion.hook_command(__file__, python)
     return [f'--extract-hook={run} divert "$1" {shlex.quote(str(busybox))}'], [f'--customize-hook={run} restore "$1"']
 
 
@@ -104,7 +104,7 @@ def divert(root: Path, busybox: Path) -> str:
     shutil.copy2(busybox, root / BUSYBOX.lstrip("/"))
     for tool, stand_in in STAND_INS.items():
         diversion.add(root, tool, stand_in)
-    return "xz: dpkg-deb and dpkg-split run natively (busybox) until every package is installed"
+    return "dpkg helpers: dpkg-deb and dpkg-split run natively (busybox) until every package is installed"
 
 
 def restore(root: Path) -> str:
@@ -112,7 +112,7 @@ def restore(root: Path) -> str:
     for tool in reversed(STAND_INS):
         diversion.remove(root, tool)
     shutil.rmtree(root / HOME.lstrip("/"))
-    return "xz: dpkg-deb and dpkg-split are the image's own again"
+    return "dpkg helpers: dpkg-deb and dpkg-split are the image's own again"
 
 
 if __name__ == "__main__":

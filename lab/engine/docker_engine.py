@@ -29,7 +29,6 @@ import docker.errors
 import requests.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
-from lab.core.arch import with_emulated_env
 from lab.core.errors import BuildError, EngineError
 from lab.core.hashing import CountingWriter, HashingWriter
 from lab.core.records import (
@@ -389,12 +388,13 @@ class Engine:
                       streams=streams, outputs=outputs)
 
     def output_of(self, image: str, command: list[str], arch: Arch, timeout: float,
-                  labels: dict[str, str], background: bool = False) -> tuple[int | None, str]:
-        """Run a short command in `image`, confined like a run, and return (exit code, combined
-        output; at most OUTPUT_OF_BYTES of it). An emulated command gets lab.core.arch.EMULATED_ENV.
+                  labels: dict[str, str], background: bool = False,
+                  env: dict[str, str] | None = None) -> tuple[int | None, str]:
+        """Run a short command in `image`, confined like a run, with `env`, and return (exit code,
+        combined output; at most OUTPUT_OF_BYTES of it).
         `background`: the lowest CPU weight (cpu_shares 2 against a run's 1024), for a command run
         beside the script: it gets the CPU the script leaves."""
-        container = self._create(image, command, with_emulated_env({}, arch != self.arch), arch, labels,
+        container = self._create(image, command, dict(env or {}), arch, labels,
                                  limits=RunLimits(), background=background)
         try:
             _start(container)

@@ -374,11 +374,12 @@ class LocalEngine:
                       streams=streams, outputs=outputs, unit="sandbox" if confinement.confined else "run")
 
     def output_of(self, image: LocalImage, command: list[str], arch: Arch, timeout: float,
-                  labels: dict[str, str], background: bool = False) -> tuple[int | None, str]:
-        """Run a short command confined like a run; (exit code, stdout and stderr together).
+                  labels: dict[str, str], background: bool = False,
+                  env: dict[str, str] | None = None) -> tuple[int | None, str]:
+        """Run a short command confined like a run, with `env`; (exit code, stdout and stderr together).
         `background` changes nothing here: the local engine runs natively, never beside an emulated script."""
         with tempfile.TemporaryDirectory(prefix="lab-local-") as tmp:
-            raw = self.run(image, command, {}, Path(tmp) / "out", Path(tmp), arch, timeout, labels,
+            raw = self.run(image, command, dict(env or {}), Path(tmp) / "out", Path(tmp), arch, timeout, labels,
                            lambda s, m: None, RunLimits(memory_bytes=None if image.gpu else 8 * 1024**3))
             text = (raw.stdout_path.read_bytes()[:OUTPUT_OF_BYTES].decode("utf-8", "replace")
                     + raw.stderr_path.read_bytes()[:OUTPUT_OF_BYTES].decode("utf-8", "replace"))
