@@ -65,11 +65,12 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     """The bootstrap updated ca-certificates on the host (lab.build.cacerts), not under QEMU:
     in the image, Debian's update-ca-certificates, run again from scratch, finds nothing to change,
     and no diversion of it is left. The packages' data was decompressed natively (lab.build.
-    nativeunpack): dpkg-deb is the package's own again (`dpkg --verify`), and no busybox is left."""
+    nativeunpack), and the config scripts' `grep -F` ran natively too: dpkg-deb and grep are the packages'
+    own again (`dpkg --verify`), and no busybox is left."""
     found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
     result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
     listing = ("find /etc/ssl/certs -printf '%y %p %l\\n' | sort; sha256sum /etc/ssl/certs/ca-certificates.crt")
-    script = (f"{listing}; echo ---; dpkg-divert --list; dpkg --verify dpkg; "
+    script = (f"{listing}; echo ---; dpkg-divert --list; dpkg --verify dpkg grep; "
               "ls /var/lib/torch-repro-lab-bootstrap 2>&1; echo ---; "
               f"update-ca-certificates --fresh >/dev/null; {listing}")
     client = docker.from_env()
@@ -83,6 +84,7 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     assert len([t for p, t in links if p.endswith(".0") and t.endswith(".pem")]) > 100
     assert "update-ca-certificates" not in diversions
     assert "lab-native" not in diversions and "dpkg-deb" not in diversions  # dpkg --verify names a changed file
+    assert "/bin/grep" not in diversions
     assert "No such file or directory" in diversions  # ls of busybox's folder
 
 

@@ -13,7 +13,9 @@ own are kept aside). The kernel runs that busybox natively, chroot or not, so QE
 busybox's ar, unxz and tar give dpkg the same answers, the same tar stream and the same control
 files (modes and times kept, as dpkg-deb's tar keeps them). Anything else, and any package not of
 the standard layout (format 2.0, xz members), goes to the image's own tool. dpkg does the rest as
-always. `restore` puts both tools back and removes busybox: nothing of it is left in the base.
+always. The packages' scripts' `grep -F` (fixed strings, a byte comparison) goes to busybox's grep
+as well: ca-certificates' config script runs 292 of them (16 s with the image's grep, 4 s with
+busybox's). `restore` puts the tools back and removes busybox: nothing of it is left in the base.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ else:  # run as a file by mmdebstrap's hook: its folder is on sys.path
 HOME = "/var/lib/torch-repro-lab-bootstrap"
 BUSYBOX = HOME + "/busybox"
 DPKG_DEB, DPKG_SPLIT = "/usr/bin/dpkg-deb", "/usr/bin/dpkg-split"
+GREP = "/bin/grep"  # the grep package's own path (/bin is /usr/bin in a merged /usr)
 _HEAD = f"""#!{BUSYBOX} sh
 # torch-repro-lab: run natively by the host's busybox while the base is bootstrapped, and removed
 # after it (lab/build/nativeunpack.py). What it does not do itself goes to the image's own tool.
@@ -64,6 +67,21 @@ if [ "$#" -eq 3 ] && [ "$1" = -Qao ] && [ "$($bb ar t "$3" 2>/dev/null | $bb hea
     exit 1
 fi
 exec {DPKG_SPLIT}{diversion.SUFFIX} "$@"
+""",
+             # a maintainer script's `grep -F` (fixed strings): a byte comparison, the same in busybox
+             # and GNU grep. ca-certificates' config script runs two per certificate (`grep -F -q -x
+             # "$crt"`, 292 in all); anything else, such as a regular expression, whose reading could
+             # differ, goes to the image's own grep
+             GREP: _HEAD + f"""fixed=
+for a; do
+    case $a in
+        -) ;;
+        -*[!Fqsvx]*) exec {GREP}{diversion.SUFFIX} "$@" ;;
+        -*F*) fixed=1 ;;
+    esac
+done
+[ -n "$fixed" ] && exec $bb grep "$@"
+exec {GREP}{diversion.SUFFIX} "$@"
 """}
 
 
@@ -98,21 +116,22 @@ def is_static(path: Path) -> bool:
 
 def divert(root: Path, busybox: Path) -> str:
     """Before the essential packages are installed: busybox into the tree, the stand-ins in place
-    of dpkg-deb and dpkg-split."""
+    of dpkg-deb, dpkg-split and grep."""
     home = root / HOME.lstrip("/")
     home.mkdir(parents=True, exist_ok=True)
     shutil.copy2(busybox, root / BUSYBOX.lstrip("/"))
     for tool, stand_in in STAND_INS.items():
         diversion.add(root, tool, stand_in)
-    return "dpkg helpers: dpkg-deb and dpkg-split run natively (busybox) until every package is installed"
+    return ("dpkg helpers: dpkg-deb, dpkg-split and grep -F run natively (busybox) until every package "
+            "is installed")
 
 
 def restore(root: Path) -> str:
-    """dpkg-deb and dpkg-split are the image's own again, and busybox is gone."""
+    """dpkg-deb, dpkg-split and grep are the image's own again, and busybox is gone."""
     for tool in reversed(STAND_INS):
         diversion.remove(root, tool)
     shutil.rmtree(root / HOME.lstrip("/"))
-    return "dpkg helpers: dpkg-deb and dpkg-split are the image's own again"
+    return "dpkg helpers: dpkg-deb, dpkg-split and grep are the image's own again"
 
 
 if __name__ == "__main__":

@@ -113,6 +113,40 @@ def test_a_damaged_package_fails_as_with_dpkg_deb(tmp_path, dpkg_deb):
     assert out(dpkg_deb, "--fsys-tarfile", tmp_path / "absent.deb")[0] != 0
 
 
+NETLOCK = "mozilla/NetLock_Arany_=Class_Gold=_F\u0151tan\u00fas\u00edtv\u00e1ny.crt"
+NAMES = f"mozilla/ACCVRAIZ1.crt\n{NETLOCK}\n!mozilla/Old.crt\n"
+
+
+@pytest.mark.parametrize("call", [
+    ["-F", "-q", "-x", "mozilla/ACCVRAIZ1.crt"],  # ca-certificates' config script, per certificate
+    ["-F", "-q", "-x", "mozilla/ACCVRAIZ1"],      # a part of a line is not the whole line
+    ["-Fqx", NETLOCK], ["-F", "mozilla/"], ["-Fv", "Old"], ["-F", "-x", "!mozilla/Old.crt"], ["-F", "."],
+    ["-F", "-q", "-s", "x", "absent"],
+    ["-F", "-q", "ACCV", "-"],
+])
+def test_a_fixed_string_grep_answers_as_gnu_grep(tmp_path, call):
+    """Exit code and output the same as GNU grep's, on the names as ca-certificates lists them."""
+    script = stand_in(tmp_path, nativeunpack.GREP)
+    gnu, ours = (subprocess.run([tool, *call], input=NAMES.encode(), capture_output=True, cwd=tmp_path)
+                 for tool in ("grep", script))
+    assert (ours.returncode, ours.stdout) == (gnu.returncode, gnu.stdout)
+
+
+@pytest.mark.parametrize("call", [["-q", "^mozilla"], ["-E", "-q", "a|b"], ["-i", "-F", "x"], ["--fixed-strings", "x"],
+                                  ["-F", "-e", "x"], ["-Fqx", "a", "-r"]])
+def test_any_other_grep_is_the_image_s_own(tmp_path, call):
+    """A regular expression, or an option beyond -F -q -s -v -x, anywhere in the call: the image's grep."""
+    fake = tmp_path / "fake-grep"
+    fake.write_text("#!/bin/sh\necho passed on \"$@\"\n")
+    fake.chmod(0o755)
+    script = tmp_path / "grep"
+    script.write_text(nativeunpack.STAND_INS[nativeunpack.GREP].replace(nativeunpack.BUSYBOX, str(BUSYBOX))
+                      .replace(nativeunpack.GREP + ".lab-native", str(fake)))
+    script.chmod(0o755)
+    done = subprocess.run([script, *call], input="", capture_output=True, text=True)
+    assert done.stdout == "passed on " + " ".join(call) + "\n"
+
+
 def test_only_a_statically_linked_busybox_serves(tmp_path):
     assert nativeunpack.is_static(BUSYBOX)
     assert not nativeunpack.is_static(Path(sys.executable).resolve())  # has an ELF interpreter
@@ -123,7 +157,8 @@ def test_only_a_statically_linked_busybox_serves(tmp_path):
 
 def test_divert_and_restore_leave_the_tree_as_it_was(tmp_path):
     (tmp_path / "usr/bin").mkdir(parents=True)
-    for tool in ("dpkg-deb", "dpkg-split"):
+    (tmp_path / "bin").symlink_to("usr/bin")  # a merged /usr: grep's own path is /bin/grep
+    for tool in ("dpkg-deb", "dpkg-split", "grep"):
         (tmp_path / "usr/bin" / tool).write_text(f"the image's {tool}\n")
     (tmp_path / "var/lib/dpkg").mkdir(parents=True)
     said = nativeunpack.divert(tmp_path, BUSYBOX)
@@ -133,5 +168,6 @@ def test_divert_and_restore_leave_the_tree_as_it_was(tmp_path):
         assert (tmp_path / tool.lstrip("/")).read_text() == stand_in
     assert nativeunpack.restore(tmp_path).startswith("dpkg helpers: ")
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == \
-        ["usr", "usr/bin", "usr/bin/dpkg-deb", "usr/bin/dpkg-split", "var", "var/lib", "var/lib/dpkg"]
+        ["bin", "usr", "usr/bin", "usr/bin/dpkg-deb", "usr/bin/dpkg-split", "usr/bin/grep", "var", "var/lib",
+         "var/lib/dpkg"]
     assert (tmp_path / "usr/bin/dpkg-deb").read_text() == "the image's dpkg-deb\n"
