@@ -72,7 +72,8 @@ exec {DPKG_SPLIT}{diversion.SUFFIX} "$@"
              # and GNU grep. ca-certificates' config script runs two per certificate (`grep -F -q -x
              # "$crt"`, 292 in all); anything else, such as a regular expression, whose reading could
              # differ, goes to the image's own grep
-             GREP: _HEAD + f"""fixed=
+             GREP: _HEAD + f"""\
+fixed=
 for a; do
     case $a in
         -) ;;

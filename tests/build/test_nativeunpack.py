@@ -121,7 +121,7 @@ NAMES = f"mozilla/ACCVRAIZ1.crt\n{NETLOCK}\n!mozilla/Old.crt\n"
     ["-F", "-q", "-x", "mozilla/ACCVRAIZ1.crt"],  # ca-certificates' config script, per certificate
     ["-F", "-q", "-x", "mozilla/ACCVRAIZ1"],      # a part of a line is not the whole line
     ["-Fqx", NETLOCK], ["-F", "mozilla/"], ["-Fv", "Old"], ["-F", "-x", "!mozilla/Old.crt"], ["-F", "."],
-    ["-F", "-q", "-s", "x", "absent"],
+    ["-F", "-q", "-s", "x", "absent"], ["-F", ""], ["-F", "-x", ""], ["-F", "nothing\nACCVRAIZ1"],
     ["-F", "-q", "ACCV", "-"],
 ])
 def test_a_fixed_string_grep_answers_as_gnu_grep(tmp_path, call):
