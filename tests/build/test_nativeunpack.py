@@ -23,10 +23,17 @@ pytestmark = pytest.mark.skipif(BUSYBOX is None or shutil.which("dpkg-deb") is N
                                 reason="needs the host's busybox-static (bin/setup-host) and dpkg-deb")
 
 
-def stand_in(tmp_path: Path, tool: str) -> Path:
+def stand_in(tmp_path: Path, tool: str, passes_to: str | None = None) -> Path:
+    """The stand-in for `tool`, run by the host's busybox; what it passes on goes to `passes_to`
+    (a shell script's text: a fake that says it was called), else to the host's own tool."""
+    real = shutil.which(Path(tool).name)
+    if passes_to is not None:
+        real = tmp_path / f"fake-{Path(tool).name}"
+        real.write_text(passes_to)
+        real.chmod(0o755)
     script = tmp_path / Path(tool).name
     script.write_text(nativeunpack.STAND_INS[tool].replace(nativeunpack.BUSYBOX, str(BUSYBOX))
-                      .replace(tool + ".lab-native", shutil.which(Path(tool).name)))
+                      .replace(tool + ".lab-native", str(real)))
     script.chmod(0o755)
     return script
 
@@ -80,13 +87,7 @@ def test_dpkg_gets_the_control_files_dpkg_deb_gives(tmp_path, dpkg_deb, compress
 def test_a_whole_package_is_not_part_of_a_split_one(tmp_path):
     """dpkg-split itself is replaced by a fake that says it was called: a part of a split package
     (and any other call) is passed on to it, and the host's queue of parts is not touched."""
-    fake = tmp_path / "fake-dpkg-split"
-    fake.write_text("#!/bin/sh\necho passed on\nexit 7\n")
-    fake.chmod(0o755)
-    script = tmp_path / "dpkg-split"
-    script.write_text(nativeunpack.STAND_INS[nativeunpack.DPKG_SPLIT].replace(nativeunpack.BUSYBOX, str(BUSYBOX))
-                      .replace(nativeunpack.DPKG_SPLIT + ".lab-native", str(fake)))
-    script.chmod(0o755)
+    script = stand_in(tmp_path, nativeunpack.DPKG_SPLIT, passes_to="#!/bin/sh\necho passed on\nexit 7\n")
     deb = package(tmp_path, "xz")
     assert subprocess.run([script, "-Qao", tmp_path / "part", deb]).returncode == 1
     assert subprocess.run(["dpkg-split", "-Qao", tmp_path / "part", deb]).returncode == 1  # what it says
@@ -136,13 +137,7 @@ def test_a_fixed_string_grep_answers_as_gnu_grep(tmp_path, call):
                                   ["-F", "-e", "x"], ["-Fqx", "a", "-r"]])
 def test_any_other_grep_is_the_image_s_own(tmp_path, call):
     """A regular expression, or an option beyond -F -q -s -v -x, anywhere in the call: the image's grep."""
-    fake = tmp_path / "fake-grep"
-    fake.write_text("#!/bin/sh\necho passed on \"$@\"\n")
-    fake.chmod(0o755)
-    script = tmp_path / "grep"
-    script.write_text(nativeunpack.STAND_INS[nativeunpack.GREP].replace(nativeunpack.BUSYBOX, str(BUSYBOX))
-                      .replace(nativeunpack.GREP + ".lab-native", str(fake)))
-    script.chmod(0o755)
+    script = stand_in(tmp_path, nativeunpack.GREP, passes_to="#!/bin/sh\necho passed on \"$@\"\n")
     done = subprocess.run([script, *call], input="", capture_output=True, text=True)
     assert done.stdout == "passed on " + " ".join(call) + "\n"
 
