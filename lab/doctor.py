@@ -241,9 +241,9 @@ def _ca_bundle() -> Check:
 def _bootstrap() -> Check:
     if shutil.which("mmdebstrap") or shutil.which("debootstrap"):
         from lab.build.nativeunpack import static_busybox
-        native = ("; an emulated bootstrap runs dpkg's unpacking helpers natively (static busybox)"
-                  if static_busybox() else
-                  "; install busybox-static and an emulated bootstrap runs dpkg's unpacking helpers natively")
+        helpers = "dpkg's unpacking helpers and the scripts' grep -F"
+        native = (f"; an emulated bootstrap runs {helpers} natively (static busybox)" if static_busybox() else
+                  f"; install busybox-static and an emulated bootstrap runs {helpers} natively")
         return Check("Debian bootstrap", "ok", "mmdebstrap can build Debian bases when no registry answers" + native)
     return Check("Debian bootstrap", "warn",
                  "mmdebstrap is missing: without a registry, Debian bases cannot be made",
