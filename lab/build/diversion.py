@@ -20,7 +20,9 @@ from pathlib import Path
 DIVERSIONS = "/var/lib/dpkg/diversions"
 BACKUP = DIVERSIONS + "-old"
 SUFFIX = ".lab-native"
-_NEW = DIVERSIONS + ".lab-new"  # there was no diversions file before the lab's first entry
+# there was no diversions file before the lab's first entry: a mark outside dpkg's folder, whose
+# unknown files dpkg's own config script warns about
+_NEW = "/var/lib/torch-repro-lab-diversions.new"
 
 Entry = tuple[str, str, str]  # path, diverted to, package (":" for a local diversion)
 
