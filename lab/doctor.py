@@ -244,6 +244,10 @@ def _bootstrap() -> Check:
         helpers = "dpkg's unpacking helpers and the scripts' grep -F"
         native = (f"; an emulated bootstrap runs {helpers} natively (static busybox)" if static_busybox() else
                   f"; install busybox-static and an emulated bootstrap runs {helpers} natively")
+        from lab.build.nativepython import host_pythons
+        pythons = ", ".join(p.name for p in host_pythons())
+        if pythons:
+            native += f"; its byte-compilation runs on the host's {pythons} (for an image's Python of the same version)"
         return Check("Debian bootstrap", "ok", "mmdebstrap can build Debian bases when no registry answers" + native)
     return Check("Debian bootstrap", "warn",
                  "mmdebstrap is missing: without a registry, Debian bases cannot be made",

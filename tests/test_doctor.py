@@ -7,10 +7,14 @@ import base64
 import json
 import platform
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from lab import doctor
+from lab.build import nativepython, nativeunpack
 from lab.doctor import AARCH64_PROBE, BINFMT, QEMU_FIX, REREGISTER, parse_qemu_version, qemu_check, qemu_verdict
 
 from .conftest import DATA, ROOT, run_lab
@@ -174,3 +178,16 @@ def test_low_free_disk_warns_with_the_cache_prune_fix(tmp_path, monkeypatch):
     # the cap in effect now, not the one a process with its own setting (the test suite's) counted with
     (tmp_path / "cache" / "last-count.json").write_text('{"at": 1, "total": 3221225472, "cap": 1099511627776000}')
     assert "held 3.0 GiB at its last count, and its cap is 10.0 GiB" in doctor._disk(tmp_path).detail
+
+
+def test_the_bootstrap_check_says_what_an_emulated_bootstrap_runs_natively(monkeypatch):
+    """What `lab doctor` says follows the host: busybox-static and a Debian python3.X."""
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(nativeunpack, "static_busybox", lambda: Path("/usr/bin/busybox"))
+    monkeypatch.setattr(nativepython, "host_pythons", lambda: [Path("/usr/bin/python3.11")])
+    said = doctor._bootstrap().detail
+    assert "grep -F natively (static busybox)" in said and "host's python3.11" in said
+    monkeypatch.setattr(nativeunpack, "static_busybox", lambda: None)
+    monkeypatch.setattr(nativepython, "host_pythons", lambda: [])
+    said = doctor._bootstrap().detail
+    assert "install busybox-static" in said and "python3" not in said

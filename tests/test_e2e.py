@@ -88,6 +88,42 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     assert "No such file or directory" in diversions  # ls of busybox's folder
 
 
+BYTE_CODE_CHECK = """
+import glob, os, py_compile
+same, other = 0, []
+for pyc in glob.glob("/usr/lib/python3.11/**/__pycache__/*.cpython-311.pyc", recursive=True):
+    src = os.path.join(os.path.dirname(os.path.dirname(pyc)), os.path.basename(pyc).split(".")[0] + ".py")
+    if os.path.isfile(src):
+        py_compile.compile(src, "/tmp/again.pyc", doraise=True)
+        if open("/tmp/again.pyc", "rb").read() == open(pyc, "rb").read():
+            same += 1
+        else:
+            other.append(pyc)
+print(same, other)
+"""
+
+
+@pytest.mark.arm64
+def test_the_arm64_base_has_the_byte_code_its_own_python_writes(runs):
+    """The bootstrap's byte-compilation ran on the host's Python (lab.build.nativepython): in the
+    image, the arm64 Python compiles every module of its standard library again to the same bytes,
+    py_compile.py included (its stand-in stood at that path meanwhile); py_compile.py is the
+    package's own (`dpkg --verify`), and no diversion, stand-in or host Python is left."""
+    found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
+    result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
+    script = (f"python3 -E -S -c '{BYTE_CODE_CHECK}'; echo ---; dpkg-divert --list; "
+              "dpkg --verify libpython3.11-minimal; ls /var/lib/torch-repro-lab-python 2>&1; "
+              "grep -c torch-repro-lab /usr/lib/python3.11/py_compile.py; true")
+    client = docker.from_env()
+    out = client.containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
+                                user="root", network_disabled=True, remove=True).decode()
+    checked, left = out.split("---\n")
+    same, other = checked.split(" ", 1)
+    assert int(same) > 500 and other.strip() == "[]", checked
+    assert "py_compile" not in left and "lab-native" not in left, left
+    assert "No such file or directory" in left and left.strip().endswith("0"), left
+
+
 @pytest.mark.arm64
 def test_dlpack_cpu_reproduces_with_the_dynamo_message(runs):
     result, _ = lab_run("dlpack-cpu", out=runs)

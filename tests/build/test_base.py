@@ -72,23 +72,29 @@ def test_bookworm_and_later_get_a_merged_usr_as_the_official_images_have_it(monk
     assert not any(a.startswith("--hook-dir") for a in cmd)
 
 
-def test_an_emulated_bootstrap_decompresses_natively_and_undoes_it_last(monkeypatch):
-    """With a static busybox on the host, an arm64 bootstrap diverts dpkg-deb before the essential
-    packages are installed; the customize hooks undo the diversions in the reverse order."""
+def test_an_emulated_bootstrap_decompresses_and_byte_compiles_natively_and_undoes_it_last(monkeypatch):
+    """With a static busybox and a Debian python3.X on the host, an arm64 bootstrap diverts dpkg-deb
+    and py_compile.py before the essential packages are installed; the customize hooks undo the
+    diversions in the reverse order."""
     monkeypatch.setattr(base_mod.nativeunpack, "static_busybox", lambda: base_mod.Path("/bin/busybox"))
+    monkeypatch.setattr(base_mod.nativepython, "host_pythons", lambda: [base_mod.Path("/usr/bin/python3.11")])
     monkeypatch.setattr(base_mod, "host_arch", lambda: Arch.AMD64)
-    monkeypatch.setattr(base_mod.shutil, "which", lambda name: f"/usr/bin/{name}")  # openssl
+    monkeypatch.setattr(base_mod.shutil, "which", lambda name: f"/usr/bin/{name}")  # openssl, ldd
     hooks = [a for a in bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"), PKGS)
              if a.startswith(("--extract-hook", "--essential-hook", "--customize-hook"))]
-    assert [(h.split("=", 1)[0], "nativeunpack" in h, "cacerts" in h) for h in hooks] == [
-        ("--extract-hook", True, False), ("--essential-hook", False, True),
-        ("--customize-hook", False, True), ("--customize-hook", True, False)]
+    modules = ("nativeunpack", "nativepython", "cacerts")
+    assert [(h.split("=", 1)[0], *(m in h for m in modules)) for h in hooks] == [
+        ("--extract-hook", True, False, False), ("--extract-hook", False, True, False),
+        ("--essential-hook", False, False, True), ("--customize-hook", False, False, True),
+        ("--customize-hook", False, True, False), ("--customize-hook", True, False, False)]
     assert hooks[0].endswith('divert "$1" /bin/busybox') and hooks[-1].endswith('restore "$1"')
-    native = bootstrap_command("bookworm", Arch.AMD64, base_mod.Path("r.tar"), PKGS)  # dpkg-deb is native there
-    assert not [a for a in native if "nativeunpack" in a]
+    assert hooks[1].endswith('divert "$1" /usr/bin/python3.11')
+    native = bootstrap_command("bookworm", Arch.AMD64, base_mod.Path("r.tar"), PKGS)  # both are native there
+    assert not [a for a in native if "nativeunpack" in a or "nativepython" in a]
     monkeypatch.setattr(base_mod.nativeunpack, "static_busybox", lambda: None)  # no busybox-static
+    monkeypatch.setattr(base_mod.nativepython, "host_pythons", lambda: [])  # no Debian python3.X
     assert not [a for a in bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"), PKGS)
-                if "nativeunpack" in a]
+                if "nativeunpack" in a or "nativepython" in a]
 
 
 def test_mmdebstrap_messages_are_progress_and_what_apt_says_in_a_hook_is_detail():
