@@ -81,10 +81,11 @@ def _native_steps(arch: Arch, packages: tuple[str, ...]) -> list[str]:
     Python of the same version; ca-certificates' update (lab.build.cacerts), when the host has openssl to
     hash with. The diversions are made in that order and undone in the reverse one."""
     steps: list[tuple[list[str], list[str]]] = []
-    busybox = nativeunpack.static_busybox() if arch != host_arch() else None
+    foreign = arch != host_arch()
+    busybox = nativeunpack.static_busybox() if foreign else None
     if busybox is not None:
         steps.append(nativeunpack.hooks(busybox))
-    pythons = nativepython.host_pythons() if arch != host_arch() and shutil.which("ldd") else []
+    pythons = nativepython.host_pythons() if foreign else []
     if pythons:
         steps.append(nativepython.hooks(pythons))
     if "ca-certificates" in packages and shutil.which("openssl"):

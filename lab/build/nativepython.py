@@ -70,7 +70,10 @@ with open({real!r}, "rb") as _lab_f:
 
 
 def host_pythons() -> list[Path]:
-    """The host's Debian interpreters, /usr/bin/python3.X: what a Debian tree's scripts call."""
+    """The host's Debian interpreters, /usr/bin/python3.X (what a Debian tree's scripts call), when
+    ldd can name the libraries that go into the tree with them."""
+    if shutil.which("ldd") is None:
+        return []
     return sorted(p for p in Path("/usr/bin").glob("python3.*") if _HOST_PYTHON.fullmatch(p.name)
                   and p.is_file() and not p.is_symlink())
 

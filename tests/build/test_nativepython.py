@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,9 +39,7 @@ def setup(tmp_path: Path) -> dict:
     aside = tmp_path / "lib" / ("py_compile.py" + diversion.SUFFIX)
     aside.parent.mkdir()
     aside.write_bytes(real_py_compile.read_bytes())
-    version = tuple(sys.version_info[:3]) if Path(sys.executable).resolve() == HOST.resolve() else \
-        tuple(int(v) for v in subprocess.run([HOST, "-c", "import sys; print(*sys.version_info[:3])"],
-                                             capture_output=True, text=True, check=True).stdout.split())
+    version = nativepython._version(HOST)
 
     def write(version: tuple[int, int, int]) -> Path:
         text = (nativepython.stand_in(MINOR, version, str(logging_loader))
