@@ -142,6 +142,50 @@ def test_any_other_grep_is_the_image_s_own(tmp_path, call):
     assert done.stdout == "passed on " + " ".join(call) + "\n"
 
 
+def test_dpkg_s_rm_of_its_control_folder_removes_it_as_gnu_rm(tmp_path):
+    """`rm -rf -- /var/lib/dpkg/tmp.ci`, as dpkg runs it: a tree with an unreadable folder in it,
+    and a path that is not there (exit 0 for both, as GNU rm)."""
+    script = stand_in(tmp_path, nativeunpack.RM, passes_to="#!/bin/sh\necho passed on \"$@\"\nexit 9\n")
+    tree = tmp_path / "tmp.ci"
+    (tree / "a/b").mkdir(parents=True)
+    (tree / "a/b/postinst").write_text("x")
+    (tree / "link").symlink_to(tmp_path / "keep")
+    (tmp_path / "keep").write_text("the link's target stays")
+    (tree / "a/b").chmod(0o000)
+    done = subprocess.run([script, "-rf", "--", tree], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, tree.exists()) == (0, "", False)
+    assert (tmp_path / "keep").read_text() == "the link's target stays"
+    gone = tmp_path / "absent"
+    assert [subprocess.run([tool, "-rf", "--", gone]).returncode for tool in (script, "rm")] == [0, 0]
+
+
+@pytest.mark.parametrize("call", [["-rf", "--", "/"], ["-rf", "--", "//"], ["-rf", "--", "/tmp/."],
+                                  ["-rf", "--", "/tmp/x/.."], ["-rf", "--", "/tmp/x/"], ["-rf", "--", "/tmp//x"],
+                                  ["-rf", "--", "relative"], ["-rf", "--", "/tmp/a/../b"], ["-rf", "/tmp/x"],
+                                  ["-f", "--", "/tmp/x"], ["-rf", "--", "/tmp/x", "/tmp/y"], ["-rfv", "--", "/tmp/x"]])
+def test_any_other_rm_is_the_image_s_own(tmp_path, call):
+    """/ and what GNU rm refuses (a last part . or ..) or reads another way, and any other form."""
+    script = stand_in(tmp_path, nativeunpack.RM, passes_to="#!/bin/sh\necho passed on \"$@\"\n")
+    done = subprocess.run([script, *call], capture_output=True, text=True)
+    assert done.stdout == "passed on " + " ".join(call) + "\n"
+
+
+@pytest.mark.parametrize("call", [["/usr/bin/dpkg-maintscript-helper"], ["/var/lib/dpkg/info/x.postinst"],
+                                  ["x/"], ["//"], ["/"], ["a//b//"], ["/a/b.c", ".c"], ["a.c", "a.c"], ["/x/y/", "y"],
+                                  [".c", ".c"], ["name with space"]])
+def test_basename_answers_as_gnu_basename(tmp_path, call):
+    script = stand_in(tmp_path, nativeunpack.BASENAME, passes_to="#!/bin/sh\necho passed on\n")
+    gnu, ours = (subprocess.run([tool, *call], capture_output=True) for tool in ("basename", script))
+    assert (ours.returncode, ours.stdout) == (gnu.returncode, gnu.stdout) and ours.stdout != b"passed on\n"
+
+
+@pytest.mark.parametrize("call", [[], ["-a", "x", "y"], ["--", "x"], ["x", "-s"], [""], ["x", ""], ["a", "b", "c"]])
+def test_any_other_basename_is_the_image_s_own(tmp_path, call):
+    script = stand_in(tmp_path, nativeunpack.BASENAME, passes_to="#!/bin/sh\necho passed on \"$#\"\n")
+    done = subprocess.run([script, *call], capture_output=True, text=True)
+    assert done.stdout == f"passed on {len(call)}\n"
+
+
 def test_only_a_statically_linked_busybox_serves(tmp_path):
     assert nativeunpack.is_static(BUSYBOX)
     assert not nativeunpack.is_static(Path(sys.executable).resolve())  # has an ELF interpreter
@@ -153,7 +197,7 @@ def test_only_a_statically_linked_busybox_serves(tmp_path):
 def test_divert_and_restore_leave_the_tree_as_it_was(tmp_path):
     (tmp_path / "usr/bin").mkdir(parents=True)
     (tmp_path / "bin").symlink_to("usr/bin")  # a merged /usr: grep's own path is /bin/grep
-    for tool in ("dpkg-deb", "dpkg-split", "grep"):
+    for tool in ("dpkg-deb", "dpkg-split", "grep", "rm", "basename"):
         (tmp_path / "usr/bin" / tool).write_text(f"the image's {tool}\n")
     (tmp_path / "var/lib/dpkg").mkdir(parents=True)
     said = nativeunpack.divert(tmp_path, BUSYBOX)
@@ -163,6 +207,6 @@ def test_divert_and_restore_leave_the_tree_as_it_was(tmp_path):
         assert (tmp_path / tool.lstrip("/")).read_text() == stand_in
     assert nativeunpack.restore(tmp_path).startswith("dpkg helpers: ")
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == \
-        ["bin", "usr", "usr/bin", "usr/bin/dpkg-deb", "usr/bin/dpkg-split", "usr/bin/grep", "var", "var/lib",
-         "var/lib/dpkg"]
+        ["bin", "usr", "usr/bin", "usr/bin/basename", "usr/bin/dpkg-deb", "usr/bin/dpkg-split", "usr/bin/grep",
+         "usr/bin/rm", "var", "var/lib", "var/lib/dpkg"]
     assert (tmp_path / "usr/bin/dpkg-deb").read_text() == "the image's dpkg-deb\n"
