@@ -16,7 +16,8 @@ the standard layout (format 2.0, xz members), goes to the image's own tool. dpkg
 always. The packages' scripts' `grep -F` (fixed strings, a byte comparison) goes to busybox's grep
 as well: ca-certificates' config script runs 292 of them (16 s with the image's grep, 4 s with
 busybox's), and dpkg's `rm -rf -- DIR` of its control-file folder and dpkg-maintscript-helper's
-`basename "$0"` go to busybox's (6 s and 2 s of starts under QEMU). `restore` puts the tools back and removes busybox: nothing of it is left in the base.
+`basename "$0"` go to busybox's (6 s and 2 s of starts under QEMU). `restore` puts the tools
+back and removes busybox: nothing of it is left in the base.
 """
 
 from __future__ import annotations
