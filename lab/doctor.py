@@ -248,6 +248,9 @@ def _bootstrap() -> Check:
         pythons = ", ".join(p.name for p in host_pythons())
         if pythons:
             native += f"; its byte-compilation runs on the host's {pythons} (for an image's Python of the same version)"
+        from lab.build.nativeperl import host_perl
+        if host_perl() is not None:
+            native += "; its maintainer scripts' Perl on the host's perl (for an image's perl-base of the same version)"
         return Check("Debian bootstrap", "ok", "mmdebstrap can build Debian bases when no registry answers" + native)
     return Check("Debian bootstrap", "warn",
                  "mmdebstrap is missing: without a registry, Debian bases cannot be made",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab import doctor
-from lab.build import nativepython, nativeunpack
+from lab.build import nativeperl, nativepython, nativeunpack
 from lab.doctor import AARCH64_PROBE, BINFMT, QEMU_FIX, REREGISTER, parse_qemu_version, qemu_check, qemu_verdict
 
 from .conftest import DATA, ROOT, run_lab
@@ -185,9 +185,11 @@ def test_the_bootstrap_check_says_what_an_emulated_bootstrap_runs_natively(monke
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(nativeunpack, "static_busybox", lambda: Path("/usr/bin/busybox"))
     monkeypatch.setattr(nativepython, "host_pythons", lambda: [Path("/usr/bin/python3.11")])
+    monkeypatch.setattr(nativeperl, "host_perl", lambda: Path("/usr/bin/perl"))
     said = doctor._bootstrap().detail
-    assert "grep -F natively (static busybox)" in said and "host's python3.11" in said
+    assert "grep -F natively (static busybox)" in said and "host's python3.11" in said and "host's perl" in said
     monkeypatch.setattr(nativeunpack, "static_busybox", lambda: None)
     monkeypatch.setattr(nativepython, "host_pythons", lambda: [])
+    monkeypatch.setattr(nativeperl, "host_perl", lambda: None)
     said = doctor._bootstrap().detail
-    assert "install busybox-static" in said and "python3" not in said
+    assert "install busybox-static" in said and "python3" not in said and "perl" not in said

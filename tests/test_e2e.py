@@ -66,12 +66,15 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     in the image, Debian's update-ca-certificates, run again from scratch, finds nothing to change,
     and no diversion of it is left. The packages' data was decompressed natively (lab.build.
     nativeunpack), and the config scripts' `grep -F` ran natively too: dpkg-deb and grep are the packages'
-    own again (`dpkg --verify`), and no busybox is left."""
+    own again (`dpkg --verify`), and no busybox is left. So are rm (dpkg's `rm -rf --`) and perl (the
+    scripts' Perl ran on the host's perl, lab.build.nativeperl): perl is perl-base's, with its hard
+    link, and neither the host's perl nor its modules are left."""
     found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
     result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
     listing = ("find /etc/ssl/certs -printf '%y %p %l\\n' | sort; sha256sum /etc/ssl/certs/ca-certificates.crt")
-    script = (f"{listing}; echo ---; dpkg-divert --list; dpkg --verify dpkg grep; "
-              "ls /var/lib/torch-repro-lab-bootstrap 2>&1; echo ---; "
+    script = (f"{listing}; echo ---; dpkg-divert --list; dpkg --verify dpkg grep coreutils perl-base; "
+              "ls /var/lib/torch-repro-lab-bootstrap /var/lib/torch-repro-lab-perl /usr/lib/x86_64-linux-gnu 2>&1; "
+              "stat -c 'links=%h' /usr/bin/perl; perl -MPOSIX -e 'print floor(2.5), qq(\\n)'; echo ---; "
               f"update-ca-certificates --fresh >/dev/null; {listing}")
     client = docker.from_env()
     out = client.containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
@@ -85,7 +88,9 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     assert "update-ca-certificates" not in diversions
     assert "lab-native" not in diversions and "dpkg-deb" not in diversions  # dpkg --verify names a changed file
     assert "/bin/grep" not in diversions
-    assert "No such file or directory" in diversions  # ls of busybox's folder
+    assert "/bin/rm" not in diversions and "/usr/bin/perl" not in diversions
+    assert diversions.count("No such file or directory") == 3  # ls of busybox's and the host perl's folders
+    assert "links=2\n2\n" in diversions  # /usr/bin/perl and /usr/bin/perl5.36.0, and the image's perl runs
 
 
 BYTE_CODE_CHECK = """

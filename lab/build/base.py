@@ -18,7 +18,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from lab.build import cacerts, nativepython, nativeunpack
+from lab.build import cacerts, nativeperl, nativepython, nativeunpack
 from lab.build.resolve import host_arch
 from lab.core.cache import cache_dir
 from lab.core.config import current as current_settings
@@ -77,8 +77,9 @@ def _merged_usr(suite: str) -> list[str]:
 def _native_steps(arch: Arch, packages: tuple[str, ...]) -> list[str]:
     """Hooks that do on the host what the same packages would do slowly under QEMU, with the same
     result: for a foreign arch, dpkg's per-package helpers (lab.build.nativeunpack), when the host
-    has a static busybox, and Python's byte-compilation (lab.build.nativepython), by the host's
-    Python of the same version; ca-certificates' update (lab.build.cacerts), when the host has openssl to
+    has a static busybox, Python's byte-compilation (lab.build.nativepython), by the host's
+    Python of the same version, and the maintainer scripts' Perl (lab.build.nativeperl), by the
+    host's perl of the same version; ca-certificates' update (lab.build.cacerts), when the host has openssl to
     hash with. The diversions are made in that order and undone in the reverse one."""
     steps: list[tuple[list[str], list[str]]] = []
     foreign = arch != host_arch()
@@ -88,6 +89,9 @@ def _native_steps(arch: Arch, packages: tuple[str, ...]) -> list[str]:
     pythons = nativepython.host_pythons() if foreign else []
     if pythons:
         steps.append(nativepython.hooks(pythons))
+    perl = nativeperl.host_perl() if foreign else None
+    if perl is not None:
+        steps.append(nativeperl.hooks(perl))
     if "ca-certificates" in packages and shutil.which("openssl"):
         steps.append(cacerts.hooks())
     return [hook for divert, _ in steps for hook in divert] + [hook for _, undo in reversed(steps) for hook in undo]
@@ -193,7 +197,7 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
 # mmdebstrap's own messages (I:, W:, E:) and the lab's hooks' one-line reports are progress; what
 # apt and dpkg print inside a hook (the merged-usr hook's "Reading database ... 5%") is detail, shown
 # with -v as stage "bootstrap"
-_SAID = re.compile(r"^(?:[IWE]: |ca-certificates: |dpkg helpers: |python: )")
+_SAID = re.compile(r"^(?:[IWE]: |ca-certificates: |dpkg helpers: |python: |perl: )")
 
 
 def _run_mmdebstrap(cmd: list[str], events: Events) -> None:

@@ -73,28 +73,31 @@ def test_bookworm_and_later_get_a_merged_usr_as_the_official_images_have_it(monk
 
 
 def test_an_emulated_bootstrap_decompresses_and_byte_compiles_natively_and_undoes_it_last(monkeypatch):
-    """With a static busybox and a Debian python3.X on the host, an arm64 bootstrap diverts dpkg-deb
-    and py_compile.py before the essential packages are installed; the customize hooks undo the
-    diversions in the reverse order."""
+    """With a static busybox, a Debian python3.X and perl on the host, an arm64 bootstrap diverts
+    dpkg-deb, py_compile.py and perl before the essential packages are installed; the customize
+    hooks undo the diversions in the reverse order."""
     monkeypatch.setattr(base_mod.nativeunpack, "static_busybox", lambda: base_mod.Path("/bin/busybox"))
     monkeypatch.setattr(base_mod.nativepython, "host_pythons", lambda: [base_mod.Path("/usr/bin/python3.11")])
+    monkeypatch.setattr(base_mod.nativeperl, "host_perl", lambda: base_mod.Path("/usr/bin/perl"))
     monkeypatch.setattr(base_mod, "host_arch", lambda: Arch.AMD64)
     monkeypatch.setattr(base_mod.shutil, "which", lambda name: f"/usr/bin/{name}")  # openssl, ldd
     hooks = [a for a in bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"), PKGS)
              if a.startswith(("--extract-hook", "--essential-hook", "--customize-hook"))]
-    modules = ("nativeunpack", "nativepython", "cacerts")
-    assert [(h.split("=", 1)[0], *(m in h for m in modules)) for h in hooks] == [
-        ("--extract-hook", True, False, False), ("--extract-hook", False, True, False),
-        ("--essential-hook", False, False, True), ("--customize-hook", False, False, True),
-        ("--customize-hook", False, True, False), ("--customize-hook", True, False, False)]
+    modules = ("nativeunpack", "nativepython", "nativeperl", "cacerts")
+    assert [(h.split("=", 1)[0], [m for m in modules if m in h]) for h in hooks] == [
+        ("--extract-hook", ["nativeunpack"]), ("--extract-hook", ["nativepython"]),
+        ("--extract-hook", ["nativeperl"]), ("--essential-hook", ["cacerts"]), ("--customize-hook", ["cacerts"]),
+        ("--customize-hook", ["nativeperl"]), ("--customize-hook", ["nativepython"]),
+        ("--customize-hook", ["nativeunpack"])]
     assert hooks[0].endswith('divert "$1" /bin/busybox') and hooks[-1].endswith('restore "$1"')
-    assert hooks[1].endswith('divert "$1" /usr/bin/python3.11')
-    native = bootstrap_command("bookworm", Arch.AMD64, base_mod.Path("r.tar"), PKGS)  # both are native there
-    assert not [a for a in native if "nativeunpack" in a or "nativepython" in a]
+    assert hooks[1].endswith('divert "$1" /usr/bin/python3.11') and hooks[2].endswith('divert "$1" /usr/bin/perl')
+    native = bootstrap_command("bookworm", Arch.AMD64, base_mod.Path("r.tar"), PKGS)  # all are native there
+    assert not [a for a in native if "nativeunpack" in a or "nativepython" in a or "nativeperl" in a]
     monkeypatch.setattr(base_mod.nativeunpack, "static_busybox", lambda: None)  # no busybox-static
     monkeypatch.setattr(base_mod.nativepython, "host_pythons", lambda: [])  # no Debian python3.X
+    monkeypatch.setattr(base_mod.nativeperl, "host_perl", lambda: None)  # no ldd
     assert not [a for a in bootstrap_command("bookworm", Arch.ARM64, base_mod.Path("r.tar"), PKGS)
-                if "nativeunpack" in a or "nativepython" in a]
+                if "nativeunpack" in a or "nativepython" in a or "nativeperl" in a]
 
 
 def test_mmdebstrap_messages_are_progress_and_what_apt_says_in_a_hook_is_detail():
