@@ -156,7 +156,7 @@ def _recipe(suite: str, arch: Arch, packages: tuple[str, ...] = ()) -> str:
 def _bootstrap_time(engine, arch: Arch) -> str:
     """What a bootstrap takes, as measured on two cores: every package's scripts run emulated
     when the arch is not the engine's (bench/README.md, cold_run)."""
-    return "about 90 s, emulated" if engine.arch != arch else "about a minute"
+    return "about 60 s, emulated" if engine.arch != arch else "about a minute"
 
 
 def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,

@@ -123,7 +123,7 @@ def test_the_bootstrap_says_how_long_it_takes_emulated_or_not(mmdebstrap):
     ensure_base(FakeEngine(), "debian:bookworm", Arch.ARM64, lambda stage, text: said.append(text), PKGS)
     ensure_base(FakeEngine(), "debian:bookworm", Arch.AMD64, lambda stage, text: said.append(text), PKGS)
     arm64, amd64 = (next(s for s in said if "mmdebstrap" in s and f"for {a}" in s) for a in ("arm64", "amd64"))
-    assert "(about 90 s, emulated)" in arm64 and "(about a minute)" in amd64
+    assert "(about 60 s, emulated)" in arm64 and "(about a minute)" in amd64
 
 
 def test_a_package_set_debian_cannot_include_falls_back_to_the_plain_base_once(mmdebstrap):
