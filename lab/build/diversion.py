@@ -8,13 +8,14 @@ backup (`diversions-old`) alone; the lab's entries, which a package's own dpkg-d
 copied into that backup meanwhile (dash's preinst diverts /bin/sh), are taken out of it again. The
 base ends as if the lab had never diverted anything. The lab's entries are local (package `:`)
 and divert to a name ending in SUFFIX. Used by mmdebstrap's hooks (lab.build.cacerts,
-lab.build.nativeunpack): the standard library only.
+lab.build.nativeunpack, lab.build.nativepython, lab.build.nativeperl): the standard library only.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 from pathlib import Path
 
 DIVERSIONS = "/var/lib/dpkg/diversions"
@@ -31,6 +32,23 @@ def hook_command(script: str, python: str) -> str:
     """The start of a hook's shell command for mmdebstrap: `python` runs the module file `script`
     (a hook module of the standard library only, as this one) with the arguments that follow."""
     return f"{shlex.quote(python)} {shlex.quote(str(Path(script).resolve()))}"
+
+
+def native_libraries(files: list[Path]) -> tuple[Path, set[Path]]:
+    """The dynamic loader and the libraries that `files` (a host program, the modules it loads)
+    need, as ldd names them: what goes into the tree with a host program that runs there natively
+    through its own loader (lab.build.nativepython, lab.build.nativeperl)."""
+    loader, libs = None, set()
+    for file in files:
+        for line in subprocess.run(["ldd", str(file)], capture_output=True, text=True).stdout.splitlines():
+            parts = line.split()
+            if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+                libs.add(Path(parts[2]))
+            elif parts and parts[0].startswith("/"):
+                loader = Path(parts[0])
+    if loader is None:
+        raise RuntimeError(f"{files[0]}: ldd names no dynamic loader")
+    return loader, libs
 
 
 def add(root: Path, path: str, stand_in: str) -> str:

@@ -62,9 +62,14 @@ exec {PERL}{diversion.SUFFIX} "$@"
 
 
 def host_perl() -> Path | None:
-    """The host's Debian perl, when ldd can name the libraries that go into the tree with it."""
+    """The host's Debian perl (its modules in a perl-base folder), when ldd can name the libraries
+    that go into the tree with it."""
     perl = Path(PERL)
     if shutil.which("ldd") is None or not perl.is_file() or perl.is_symlink():
+        return None
+    try:
+        _host(perl)
+    except (OSError, RuntimeError, subprocess.CalledProcessError):
         return None
     return perl
 
@@ -94,21 +99,6 @@ def _image(root: Path) -> tuple[str, str] | None:
     return None
 
 
-def _libraries(files: list[Path]) -> tuple[Path, set[Path]]:
-    """The dynamic loader and the libraries that `files` (a program, its modules) load, as ldd names them."""
-    loader, libs = None, set()
-    for file in files:
-        for line in subprocess.run(["ldd", str(file)], capture_output=True, text=True).stdout.splitlines():
-            parts = line.split()
-            if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
-                libs.add(Path(parts[2]))
-            elif parts and parts[0].startswith("/"):
-                loader = Path(parts[0])
-    if loader is None:
-        raise RuntimeError(f"{files[0]}: ldd names no dynamic loader")
-    return loader, libs
-
-
 def divert(root: Path, perl: Path) -> str:
     """Before the essential packages are installed: the host's perl, its libraries and modules
     into the tree, and the stand-in in place of /usr/bin/perl, when the versions agree."""
@@ -120,9 +110,12 @@ def divert(root: Path, perl: Path) -> str:
     target = root / modules.relative_to("/")
     if target.exists() or target.is_symlink():
         return f"perl: emulated (the tree has {modules} already)"
+    try:
+        loader, libs = diversion.native_libraries([perl, *sorted(modules.rglob("*.so"))])
+    except (OSError, RuntimeError) as exc:
+        return f"perl: emulated ({exc})"
     home, lib = root / HOME.lstrip("/"), root / _LIB.lstrip("/")
     lib.mkdir(parents=True)
-    loader, libs = _libraries([perl, *sorted(modules.rglob("*.so"))])
     for file in (loader, *sorted(libs)):
         shutil.copy2(file, lib / file.name)
     shutil.copy2(perl, home / "perl")

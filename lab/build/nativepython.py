@@ -91,20 +91,6 @@ def _version(python: Path) -> tuple[int, int, int]:
     return int(out[0]), int(out[1]), int(out[2])
 
 
-def _libraries(python: Path) -> tuple[Path, list[Path]]:
-    """The dynamic loader and the libraries that `python` loads, as ldd names them."""
-    loader, libs = None, []
-    for line in subprocess.run(["ldd", str(python)], capture_output=True, text=True, check=True).stdout.splitlines():
-        parts = line.split()
-        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
-            libs.append(Path(parts[2]))
-        elif parts and parts[0].startswith("/"):
-            loader = Path(parts[0])
-    if loader is None:
-        raise RuntimeError(f"{python}: ldd names no dynamic loader")
-    return loader, libs
-
-
 def divert(root: Path, pythons: list[Path]) -> str:
     """Before the essential packages are installed: each host Python and its libraries into the
     tree, and a stand-in in place of the same version's py_compile.py."""
@@ -114,7 +100,7 @@ def divert(root: Path, pythons: list[Path]) -> str:
     said = []
     for python in pythons:
         minor, version = python.name.removeprefix("python"), _version(python)
-        loader, libs = _libraries(python)
+        loader, libs = diversion.native_libraries([python])
         for lib in (loader, *libs):
             shutil.copy2(lib, root / _LIB.lstrip("/") / lib.name)
         shutil.copy2(python, home / python.name)

@@ -34,7 +34,7 @@ exit 3;
 def setup(tmp_path: Path) -> dict:
     """The stand-in, its paths in tmp_path: the host's perl behind a loader that logs its call,
     the image's perl a fake, the tree's arch folder empty."""
-    loader, _ = nativeperl._libraries([PERL])
+    loader, _ = diversion.native_libraries([PERL])
     log = tmp_path / "loader.log"
     logging_loader = tmp_path / "ld.so"
     logging_loader.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\nexec {loader} "$@"\n')
@@ -149,3 +149,22 @@ def test_another_version_or_no_perl_base_stays_emulated(tmp_path, version):
     assert said.startswith("perl: emulated") and (version or "no perl-base") in said
     assert snapshot(root) == before
     assert nativeperl.restore(root) == "perl: the image's own" and snapshot(root) == before
+
+
+def test_a_perl_with_no_perl_base_folder_does_not_serve(tmp_path, monkeypatch):
+    """Not Debian's layout (a perl of another distribution): the bootstrap keeps the image's perl."""
+    other = tmp_path / "perl"
+    other.write_text('#!/bin/sh\nprintf "5.36.0\\n/usr/lib64/perl5\\n/usr/share/perl5\\n"\n')
+    other.chmod(0o755)
+    monkeypatch.setattr(nativeperl, "PERL", str(other))
+    assert nativeperl.host_perl() is None
+    monkeypatch.setattr(nativeperl, "PERL", str(PERL))
+    assert nativeperl.host_perl() == PERL
+
+
+def test_a_tree_that_has_the_host_s_module_folder_already_stays_emulated(tmp_path):
+    root = tree(tmp_path, VERSION)
+    (root / MODULES.relative_to("/")).mkdir(parents=True)
+    before = snapshot(root)
+    assert nativeperl.divert(root, PERL).startswith("perl: emulated (the tree has ")
+    assert snapshot(root) == before

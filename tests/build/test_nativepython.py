@@ -28,7 +28,7 @@ def setup(tmp_path: Path) -> dict:
     """The package's py_compile.py, the stand-in in its place, the "host's Python" and its loader,
     a loader that logs each call before it runs the real one, and sources to compile."""
     real_py_compile = Path(f"/usr/lib/python{MINOR}/py_compile.py")
-    loader, _ = nativepython._libraries(HOST)
+    loader, _ = diversion.native_libraries([HOST])
     home = tmp_path / "home"
     home.mkdir()
     log = tmp_path / "loader.log"
