@@ -60,6 +60,15 @@ def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(runs):
     assert json.loads((run_dir / "result.json").read_text()) == result
 
 
+def in_the_arm64_image(runs: Path, script: str) -> str:
+    """What `sh -c script` prints, run as root with no network in libgomp-aarch64's image (the
+    session's run of it, or a run made now)."""
+    found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
+    result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
+    return docker.from_env().containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
+                                            user="root", network_disabled=True, remove=True).decode()
+
+
 @pytest.mark.arm64
 def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     """The bootstrap updated ca-certificates on the host (lab.build.cacerts), not under QEMU:
@@ -69,16 +78,12 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
     own again (`dpkg --verify`), and no busybox is left. So are rm (dpkg's `rm -rf --`) and perl (the
     scripts' Perl ran on the host's perl, lab.build.nativeperl): perl is perl-base's, with its hard
     link, and neither the host's perl nor its modules are left."""
-    found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
-    result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
     listing = ("find /etc/ssl/certs -printf '%y %p %l\\n' | sort; sha256sum /etc/ssl/certs/ca-certificates.crt")
     script = (f"{listing}; echo ---; dpkg-divert --list; dpkg --verify dpkg grep coreutils perl-base; "
               "ls /var/lib/torch-repro-lab-bootstrap /var/lib/torch-repro-lab-perl /usr/lib/x86_64-linux-gnu 2>&1; "
               "stat -c 'links=%h' /usr/bin/perl; perl -MPOSIX -e 'print floor(2.5), qq(\\n)'; echo ---; "
               f"update-ca-certificates --fresh >/dev/null; {listing}")
-    client = docker.from_env()
-    out = client.containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
-                                user="root", network_disabled=True, remove=True).decode()
+    out = in_the_arm64_image(runs, script)
     made, diversions, again = out.split("---\n")
     assert made == again
     links = [line.split(" ", 2)[1:] for line in made.splitlines() if line.startswith("l ")]
@@ -114,14 +119,10 @@ def test_the_arm64_base_has_the_byte_code_its_own_python_writes(runs):
     image, the arm64 Python compiles every module of its standard library again to the same bytes,
     py_compile.py included (its stand-in stood at that path meanwhile); py_compile.py is the
     package's own (`dpkg --verify`), and no diversion, stand-in or host Python is left."""
-    found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
-    result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
     script = (f"python3 -E -S -c '{BYTE_CODE_CHECK}'; echo ---; dpkg-divert --list; "
               "dpkg --verify libpython3.11-minimal; ls /var/lib/torch-repro-lab-python 2>&1; "
               "grep -c torch-repro-lab /usr/lib/python3.11/py_compile.py; true")
-    client = docker.from_env()
-    out = client.containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
-                                user="root", network_disabled=True, remove=True).decode()
+    out = in_the_arm64_image(runs, script)
     checked, left = out.split("---\n")
     same, other = checked.split(" ", 1)
     assert int(same) > 500 and other.strip() == "[]", checked
