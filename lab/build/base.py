@@ -195,9 +195,10 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
 
 
 # mmdebstrap's own messages (I:, W:, E:) and the lab's hooks' one-line reports are progress; what
-# apt and dpkg print inside a hook (the merged-usr hook's "Reading database ... 5%") is detail, shown
-# with -v as stage "bootstrap"
-_SAID = re.compile(r"^(?:[IWE]: |ca-certificates: |dpkg helpers: |python: |perl: )")
+# apt and dpkg print inside a hook (the merged-usr hook's "Reading database ... 5%"), and mmdebstrap's
+# "I: running --extract-hook in shell: sh -c '...'" before each hook says its own line, is detail,
+# shown with -v as stage "bootstrap"
+_SAID = re.compile(r"^(?:[WE]: |I: (?!running --[a-z]+-hook )|ca-certificates: |dpkg helpers: |python: |perl: )")
 
 
 def _run_mmdebstrap(cmd: list[str], events: Events) -> None:

@@ -103,9 +103,11 @@ def test_an_emulated_bootstrap_decompresses_and_byte_compiles_natively_and_undoe
 def test_mmdebstrap_messages_are_progress_and_what_apt_says_in_a_hook_is_detail():
     said = []
     script = "echo 'I: installing essential packages...'; echo '(Reading database ... 5%'; " \
+             "echo 'I: running --customize-hook in shell: sh -c x exec /tmp/mm'; " \
              "echo 'ca-certificates: updated on the host'; echo 'W: a warning' >&2"
     base_mod._run_mmdebstrap(["sh", "-c", script], lambda stage, text: said.append((stage, text)))
     assert said == [("base", "I: installing essential packages..."), ("bootstrap", "(Reading database ... 5%"),
+                    ("bootstrap", "I: running --customize-hook in shell: sh -c x exec /tmp/mm"),
                     ("base", "ca-certificates: updated on the host"), ("base", "W: a warning")]
 
 
