@@ -18,6 +18,7 @@ from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.analyze.torchbuild import parse_version_file
 from lab.build.base import ensure_base
+from lab.build.casekey import content_key
 from lab.build.crossinstall import VENV_IN_IMAGE, install_with_uv
 from lab.build.hostpip import HostPip
 from lab.build.image import build_image
@@ -132,6 +133,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
               plan: BuildPlan | None, limits: RunLimits, system: str | None = None) -> RunOutcome:
     clock = _Clock()
     local = is_local(engine)
+    content = content_key(case)  # before anything is made: an edit of the script during the run is not this run
     base_ready = None
     if plan is None:
         if not local:  # the base (a bootstrap under QEMU takes minutes) is made while uv works on the host
@@ -155,7 +157,8 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version, engine_name=engine.name,
                   host_arch=engine.arch.uname, emulated=emulated, started=started,
-                  engine_kind="local" if local else "docker")
+                  engine_kind="local" if local else "docker",
+                  content=content)
     try:
         try:
             with clock("build"):

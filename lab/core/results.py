@@ -292,6 +292,8 @@ class RunResult(Document):
     started: IsoTime
     different_failure: FailureSignatures | None = None   # failed_differently: expected vs observed
     torch_build: TorchBuild | None = None                 # torch/version.py of the image
+    content_key: str | None = None      # lab.build.casekey: what the run was made from (reuse only the same)
+    content_parts: dict[str, str] | None = None   # each part's own hash, to say which one changed
 
 
 class UnfinishedRun(Document):

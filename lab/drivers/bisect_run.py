@@ -3,7 +3,10 @@
 `lab.bisect` decides which release to probe; this module runs it. Each probe is an
 ordinary run folder, `<runs>/<scenario>/bisect-<arch>-<from>-<to>/torch<version>/`, so
 an interrupted bisection resumes from the folders that already hold a verdict: the
-same command, run again, asks for the same releases and reuses those answers.
+same command, run again, asks for the same releases and reuses those answers, each only when its
+result.json records the content key the probe has now (lab.build.casekey: the scenario, script,
+expect, vars and `--set`, base, dependencies and the lab's templates and rules). A probe made from
+something else runs again, and the progress says why.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from lab.build import releases
+from lab.build.casekey import content_key
 from lab.build.hostpip import HostPip
 from lab.build.resolve import base_python, parse_arch, resolve
 from lab.cache_policy import inventory as cache_policy
@@ -61,8 +65,12 @@ def bisect_folder(runs_root: Path, scenario: Scenario, arch: str, old: str, new:
 
 
 def resume_command(scenario_ref: str, old: str, new: str, arch: str, runs_root: Path, pre: bool,
-                   engine_words: tuple[str, ...] = ()) -> str:
+                   engine_words: tuple[str, ...] = (), sets: dict[str, str] | None = None) -> str:
+    """The command that resumes the bisection: the same releases, arch, runs folder and `--set`
+    values, so that its probes have the same content key and are reused."""
     words = ["lab", "bisect", scenario_ref, "--from", old, "--to", new, "--arch", arch, "--out", str(runs_root)]
+    for name, value in sorted((sets or {}).items()):
+        words += ["--set", f"{name}={value}"]
     return shlex.join(words + (["--pre"] if pre else []) + list(engine_words))
 
 
@@ -126,11 +134,16 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                             python=local_python(fleet))
     folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
     folder.mkdir(parents=True, exist_ok=True)
-    resume = resume_command(scenario_ref, old, new, arch, runs_root, pre, _local_words(fleet))
+    resume = resume_command(scenario_ref, old, new, arch, runs_root, pre, _local_words(fleet), sets)
     if failed_differently != SKIP:
         resume += " --failed-differently " + failed_differently.replace("_", "-")
     if on_start:
         on_start(found, folder, resume)
+
+    def stale(version: str, previous: RunResult) -> str | None:
+        """None when a finished probe was made from what this probe would run (lab.build.casekey)."""
+        wanted = content_key(resolve(scenario, torch=version, arch=arch, sets=sets))
+        return wanted.differs(previous.content_key, previous.content_parts)
 
     parallel = fleet is not None and fleet.slots > 1
     lock = threading.Lock()  # the cache cap and the callbacks, one probe at a time
@@ -166,11 +179,14 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         run_dir = folder / f"torch{version}"
         previous = _finished(run_dir)
         if previous is not None:
-            p = _probe_from(version, previous, run_dir, failed_differently=failed_differently)
-            if on_probe:
-                with lock:
-                    on_probe(p, True)
-            return p
+            why = stale(version, previous)
+            if why is None:
+                p = _probe_from(version, previous, run_dir, failed_differently=failed_differently)
+                if on_probe:
+                    with lock:
+                        on_probe(p, True)
+                return p
+            events("bisect", f"probe {version} runs again: {why}")
         if fleet is None:
             assert engine is not None
             p = attempt(version, run_dir, engine, None, events)

@@ -19,6 +19,7 @@ from lab import __version__
 from lab.analyze.dynamo import Diagnostics
 from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
+from lab.build.casekey import ContentKey
 from lab.build.resolve import Case
 from lab.core.arch import with_emulated_env
 from lab.core.errors import LabError
@@ -61,6 +62,7 @@ class RunRecord:
     torch_build: TorchBuild | None = None  # torch/version.py of the image (git_version)
     engine_kind: str = "docker"        # "local": this host, no container
     local: LocalRef | None = None      # the local engine's host, Python and confinement
+    content: ContentKey | None = None  # lab.build.casekey of the case, taken before the build
 
 
 def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:
@@ -138,6 +140,8 @@ def run_result(rec: RunRecord) -> RunResult:
         started=rec.started.isoformat(timespec="seconds"),
         different_failure=rec.judgement.different,
         torch_build=rec.torch_build,
+        content_key=rec.content.digest if rec.content else None,
+        content_parts=dict(rec.content.parts) if rec.content else None,
     )
 
 

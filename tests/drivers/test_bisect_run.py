@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.build.casekey import content_key
 from lab.build.hostpip import HostPip
 from lab.core.errors import BuildError, EngineError, ResultError, ScenarioError
 from lab.core.results import BisectResult, ImageRef, Judgement, StageTimes, read_result
@@ -36,8 +37,9 @@ class FakeRuns:
             raise answer
         image = ImageRef(tag=f"torch-repro-lab/case:b-{case.torch}", id="sha256:00", cached=False)
         timings = StageTimes(build_s=10.0 + len(self.ran), run_s=20.0, analyze_s=0.5, total_s=31.0 + len(self.ran))
+        key = content_key(case)  # as lab.pipeline records it
         result = fake_result(case, answer, run_dir, summary=[f"evidence for {case.torch}"], image=image,
-                             timings=timings)
+                             timings=timings, content_key=key.digest, content_parts=dict(key.parts))
         result.write(run_dir / "result.json")
         return RunOutcome(run_dir, result, Judgement(verdict=result.verdict, reason=result.reason))
 
@@ -135,6 +137,8 @@ def test_arch_choice(tmp_path):
 def test_resume_command_is_exact():
     cmd = bisect_run.resume_command("libgomp-aarch64", "2.5.1", "2.15.0", "arm64", Path("my runs"), pre=True)
     assert cmd == "lab bisect libgomp-aarch64 --from 2.5.1 --to 2.15.0 --arch arm64 --out 'my runs' --pre"
+    cmd = bisect_run.resume_command("s", "2.5.1", "2.15.0", "arm64", Path("r"), pre=False, sets={"N": "a b", "M": "1"})
+    assert cmd == "lab bisect s --from 2.5.1 --to 2.15.0 --arch arm64 --out r --set M=1 --set 'N=a b'"
 
 
 def test_probe_images_are_removed_unless_kept(tmp_path):
@@ -148,16 +152,57 @@ def test_probe_images_are_removed_unless_kept(tmp_path):
         assert engine.removed == ([] if keep else ["torch-repro-lab/case:b-2.3.0", "torch-repro-lab/case:b-2.5.0"])
 
 
-def test_a_probe_folder_from_the_unversioned_layout_is_reused(setup):
-    """A probe that lab 0.1.0 finished (result.json without schema_version) still resumes."""
+def test_a_probe_folder_from_the_unversioned_layout_runs_again(setup):
+    """A probe that lab 0.1.0 finished (result.json without schema_version) is read, but it records no
+    content key, so what it ran is unknown: it runs again, and the progress says why."""
     go, tmp = setup
     folder = tmp / "runs" / "b" / "bisect-arm64-2.3.0-2.5.0" / "torch2.3.0"
     folder.mkdir(parents=True)
     old = json.loads((REAL_RUN / "result.json").read_text())
     (folder / "result.json").write_text(json.dumps({**old, "torch": "2.3.0", "run_dir": str(folder)}))
-    run, fake = go(dict.fromkeys(VERSIONS, "reproduced"))
-    assert "2.3.0" not in fake.ran
+    said: list[str] = []
+    run, fake = go(dict.fromkeys(VERSIONS, "reproduced"), events=lambda stage, message: said.append(message))
+    assert "2.3.0" in fake.ran
+    assert "probe 2.3.0 runs again: it has no content key (made by an older lab), so what it ran is unknown" in said
     assert run.result.steps[0].version == "2.3.0" and run.result.steps[0].verdict == "reproduced"
+
+
+def _bisect(tmp_path, scenario, verdicts, **options):
+    said: list[str] = []
+    fake = FakeRuns(verdicts)
+    run = bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
+                                runs_root=tmp_path / "runs", run_case=fake, candidates=releases,
+                                events=lambda stage, message: said.append(message), **options)
+    return run, fake, said
+
+
+SPLIT = {"2.3.0": "reproduced", "2.3.1": "reproduced", "2.4.0": "not_reproduced", "2.4.1": "not_reproduced",
+         "2.5.0": "not_reproduced"}
+
+
+def test_a_probe_made_from_another_expect_runs_again_and_says_why(tmp_path):
+    """Editing `expect` between two bisections: no probe of the first is reused; the progress names it."""
+    run, first, _ = _bisect(tmp_path, tiny_scenario(tmp_path, BODY), SPLIT)
+    edited = tiny_scenario(tmp_path, BODY.replace("exit_code: 1", "exit_code: 2"))
+    again, second, said = _bisect(tmp_path, edited, {**SPLIT, "2.3.1": "not_reproduced"})
+    assert second.ran == first.ran  # every probe of the first bisection ran again
+    assert (again.result.last_old, again.result.first_new) == ("2.3.0", "2.3.1")
+    assert "probe 2.3.0 runs again: the scenario changed since (expect)" in said
+    _, third, said = _bisect(tmp_path, edited, {})  # the same again: every probe is reused
+    assert third.ran == [] and not any("runs again" in m for m in said)
+
+
+def test_a_probe_made_from_another_script_or_set_value_runs_again(tmp_path):
+    body = BODY + "vars: {N: '1'}\n"
+    scenario = tiny_scenario(tmp_path, body)
+    run, first, _ = _bisect(tmp_path, scenario, SPLIT)
+    _, again, said = _bisect(tmp_path, scenario, SPLIT, sets={"N": "2"})
+    assert again.ran == first.ran and "probe 2.3.0 runs again: the scenario changed since (vars (with --set))" in said
+    resumed, same, _ = _bisect(tmp_path, scenario, SPLIT, sets={"N": "2"})  # the resume command's own --set
+    assert same.ran == [] and "--set N=2" in resumed.resume_command
+    (tmp_path / "s.py").write_text("print('edited')\n")
+    _, edited, said = _bisect(tmp_path, scenario, SPLIT, sets={"N": "2"})
+    assert edited.ran == first.ran and "probe 2.3.0 runs again: the scenario changed since (the script)" in said
 
 
 def test_a_probe_folder_this_lab_cannot_read_stops_the_bisection(setup):
