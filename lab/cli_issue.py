@@ -158,7 +158,8 @@ def triage_cmd(
             r = outcome.result
             colour = _COLOURS.get(r.verdict.value, "bold")
             err.print(f"  torch {torch} {arch}: [{colour}]{r.verdict.value}[/] ({escape(r.reason[:160])})")
-            return RunStep(torch=torch, arch=arch, verdict=r.verdict.value, reason=r.reason, run_dir=str(r.run_dir))
+            return RunStep(torch=torch, arch=arch, verdict=r.verdict.value, reason=r.reason, run_dir=str(r.run_dir),
+                           key=r.content_key, parts=r.content_parts)
 
         def bis(yaml_path: str, old: str, new: str, arch: str) -> BisectStep:
             loaded = load_scenario(yaml_path)

@@ -1,7 +1,9 @@
 """`lab triage SOURCE`: from-issue, a run on the page's version and arch, a run on the newest release
 for that arch when it reproduced, a bisection when the two verdicts differ, then the comparison of the
 boundary and a comment ready to paste. Each step is recorded in `triage.json` as it ends, so a second
-`lab triage` with the same source and folder goes on where the first stopped.
+`lab triage` with the same source and folder goes on where the first stopped. A run step is reused only
+while its content key (lab.build.casekey) is the one the scenario gives now: after an edit of the
+scenario (its expect, script, vars...) the run and every step after it run again, and the note says why.
 
 The steps are callables handed in by the CLI (a run, a bisection, the newest release, the comparison),
 so tests drive the whole chain with fakes."""
@@ -28,6 +30,8 @@ class RunStep:
     verdict: str
     reason: str = ""
     run_dir: str | None = None
+    key: str | None = None              # the run's content key (lab.build.casekey): reused only while it holds
+    parts: dict[str, str] | None = None
 
 
 @dataclass
@@ -94,24 +98,45 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
         note("from-issue", f"wrote {yaml_path} (torch {torch}, {arch})")
     else:
         note("from-issue", f"{state.scenario} (from the earlier triage)")
+    from lab.build.casekey import content_key
+    from lab.build.resolve import resolve
     from lab.scenario.schema import load_scenario
     scenario = load_scenario(state.scenario)
     torch, arch = scenario.torch[0], scenario.arch[0].value
+
+    def key(version: str):
+        return content_key(resolve(scenario, torch=version, arch=arch))
+
+    def keyed(step: RunStep, version: str) -> RunStep:
+        """The step with the content key of the case it ran (the run's own, else the one taken now)."""
+        if step.key is None:
+            wanted = key(version)
+            step.key, step.parts = wanted.digest, dict(wanted.parts)
+        return step
+
+    if state.page_run is not None and (why := key(state.page_run.torch).differs(state.page_run.key,
+                                                                                 state.page_run.parts)):
+        note("run", f"torch {state.page_run.torch} runs again: {why}")  # and every step after it
+        state.page_run = state.newest_run = state.bisect = None
     if state.page_run is None:
         note("run", f"the page's case: torch {torch}, {arch}")
-        state.page_run = run(state.scenario, torch, arch)
+        state.page_run = keyed(run(state.scenario, torch, arch), torch)
         state.save(path)
     else:
         note("run", f"torch {torch}: {state.page_run.verdict} (from the earlier triage)")
     if state.page_run.verdict != "reproduced":
         return _finish(state, path, compare)
     latest = newest(arch)
+    if state.newest_run is not None and state.newest_run.torch == latest and \
+            (why := key(latest).differs(state.newest_run.key, state.newest_run.parts)):
+        note("run", f"torch {latest} runs again: {why}")
+        state.newest_run = state.bisect = None
     if state.newest_run is None or state.newest_run.torch != latest:
         if latest == state.page_run.torch:
             state.newest_run = state.page_run
         else:
             note("run", f"the newest release for {arch}: torch {latest}")
-            state.newest_run = run(state.scenario, latest, arch)
+            state.newest_run = keyed(run(state.scenario, latest, arch), latest)
         state.save(path)
     if state.newest_run.verdict in ("reproduced", "error", "timeout") or state.newest_run.torch == state.page_run.torch:
         return _finish(state, path, compare)

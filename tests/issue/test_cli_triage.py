@@ -26,7 +26,8 @@ def test_triage_glue_with_fakes(tmp_path, monkeypatch):
     def fake_run_case(case, engine, host, runs_root, progress, **kw):
         runs.append((case.torch, case.arch.value))
         verdict = "reproduced" if case.torch == "2.5.1" else "not_reproduced"
-        result = SimpleNamespace(verdict=SimpleNamespace(value=verdict), reason="because", run_dir=f"/r/{case.torch}")
+        result = SimpleNamespace(verdict=SimpleNamespace(value=verdict), reason="because", run_dir=f"/r/{case.torch}",
+                                 content_key=None, content_parts=None)
         return SimpleNamespace(result=result)
 
     def fake_bisect(loaded, ref, old, new, arch, engine, host, runs_root, progress, **kw):

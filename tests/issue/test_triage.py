@@ -91,3 +91,35 @@ def test_the_default_compare_is_lab_compare_of_the_bisections_boundary(tmp_path)
     assert cmp["text"].startswith("A: ") and "verdict:" in cmp["text"]
     comment = (tmp_path / "t" / "comment.md").read_text()
     assert comment.startswith("### Triage by torch-repro-lab") and cmp["comment"] in comment
+
+
+def test_an_edited_scenario_runs_its_steps_again_and_says_why(tmp_path):
+    """The page's run, the newest release's and the bisection are reused only while the scenario's
+    content key is the one they ran with: after an edit of `expect`, every step runs again."""
+    import yaml
+    calls, notes = [], []
+
+    def run(yaml_path, torch, arch):
+        calls.append(("run", torch))
+        return RunStep(torch, arch, "reproduced" if torch == "2.5.1" else "not_reproduced", run_dir=f"/r/{torch}")
+
+    def bisect(yaml_path, old, new, arch):
+        calls.append(("bisect", old, new))
+        return BisectStep("found", last_old="2.6.0", first_new="2.7.0", summary="")
+
+    def go():
+        return run_triage(TriageState.load(tmp_path / "t" / "triage.json", "p"), tmp_path / "t",
+                          make_scenario=_make(tmp_path), run=run, bisect=bisect, newest=lambda arch: "2.15.0",
+                          compare=compare_seam(), note=lambda step, msg: notes.append(msg))
+    state = go()
+    assert state.page_run.key and state.newest_run.key and state.page_run.key != state.newest_run.key
+    first = list(calls)
+    go()  # unchanged: nothing runs again
+    assert calls == first and not any("runs again" in n for n in notes)
+    path = Path(state.scenario)
+    data = yaml.safe_load(path.read_text())
+    data["expect"] = {"exit_code": 3}
+    path.write_text(yaml.safe_dump(data))
+    go()
+    assert calls[len(first):] == first  # the run, the newest release's run and the bisection
+    assert "torch 2.5.1 runs again: the scenario changed since (expect)" in notes
