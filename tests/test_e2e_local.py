@@ -275,6 +275,68 @@ def test_a_bisection_on_the_local_engine_across_three_releases(tmp_path, frees_i
         Path(result["folder"]) / "torch2.0.1" / "stderr.txt").read_text()
 
 
+def _stand_in_torch(folder: Path, version: str) -> None:
+    """A wheel named torch, pure Python, whose only content is its version: a release list whose
+    verdicts the scenario's `expect` alone decides (the boundary is hidden in `expect`). Fixed zip
+    dates, so the same version always has the same bytes."""
+    import base64
+    import hashlib
+    import zipfile
+    info = f"torch-{version}.dist-info"
+    files = {"torch/__init__.py": f'__version__ = "{version}"\n'.encode(),
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},"
+                     f"{len(d)}\n" for p, d in files.items()) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"torch-{version}-py3-none-any.whl", "w") as z:
+        for name, data in [*files.items(), (f"{info}/RECORD", record.encode())]:
+            z.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), data)
+
+
+@needs_bwrap
+def test_a_bisection_after_an_edit_of_expect_runs_its_probes_again_and_finds_the_new_boundary(tmp_path):
+    """Issue 33, item 4: a probe is reused only when its content key matches. Three stand-in torch
+    releases (0.0.1, 0.0.2, 0.1.0) from a find-links folder; the script prints the version, and
+    `expect` decides which releases reproduce. The first bisection finds 0.0.2 -> 0.1.0; after `expect`
+    is edited, the same command must run every probe again (and say why) and find 0.0.1 -> 0.0.2,
+    where the old probes would have given the old boundary. The printed resume command then reuses
+    every probe of the second bisection."""
+    import shlex
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for version in ("0.0.1", "0.0.2", "0.1.0"):
+        _stand_in_torch(wheels, version)
+    arch = "arm64" if platform.machine() in ("aarch64", "arm64") else "amd64"
+    header = f"torch: '0.0.1'\narch: {arch}\nbase: debian:bookworm\n"
+    path = scenario(tmp_path, "stand-in", "import torch\nprint('torch', torch.__version__)\n",
+                    "expect:\n  stdout_contains: 'torch 0.0.'\n", header=header)
+    env = {"PIP_FIND_LINKS": str(wheels)}
+    args = ["bisect", str(path), "--from", "0.0.1", "--to", "0.1.0", "--engine", "local", "--out",
+            str(tmp_path / "runs"), "--json"]
+    first = run_lab(*args, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = last_json(first.stdout)
+    assert (result["status"], result["last_old"], result["first_new"]) == ("found", "0.0.2", "0.1.0"), result
+    probe = json.loads((Path(result["folder"]) / "torch0.0.2" / "result.json").read_text())
+    assert len(probe["content_key"]) == 64 and set(probe["content_parts"]) >= {"expect", "script", "vars"}
+
+    path.write_text(path.read_text().replace("'torch 0.0.'", "'torch 0.0.1'"))
+    second = run_lab(*args, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    result = last_json(second.stdout)
+    assert (result["status"], result["last_old"], result["first_new"]) == ("found", "0.0.1", "0.0.2"), result
+    assert {s["torch"]: s["verdict"] for s in result["steps"]} == {
+        "0.0.1": "reproduced", "0.1.0": "not_reproduced", "0.0.2": "not_reproduced"}
+    for version in ("0.0.1", "0.0.2", "0.1.0"):
+        assert f"probe {version} runs again: the scenario changed since (expect)" in second.stderr
+    assert "(from an earlier run)" not in second.stderr
+
+    resumed = run_lab(*shlex.split(result["resume"])[1:], "--json", env=env)  # the command it printed
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stderr.count("(from an earlier run)") == 3 and "runs again" not in resumed.stderr
+    assert last_json(resumed.stdout)["first_new"] == "0.0.2"
+
+
 has_gpu = Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()
 
 
