@@ -59,7 +59,7 @@ def bootstrap_command(suite: str, arch: Arch, target: Path, packages: tuple[str,
     mirror = current_settings().debian_mirror
     return ["mmdebstrap", "--variant=minbase", f"--architectures={arch.value}", "--mode=root",
             "--aptopt=Acquire::Retries=3", "--dpkgopt=force-unsafe-io", *_merged_usr(suite), *include,
-            *_native_steps(arch, packages), *_public_sources(suite, mirror), suite, str(target), mirror]
+            *_public_sources(suite, mirror), *_native_steps(arch, packages), suite, str(target), mirror]
 
 
 def _public_sources(suite: str, mirror: str) -> list[str]:
