@@ -227,6 +227,6 @@ def _run_mmdebstrap(cmd: list[str], events: Events) -> None:
             events("base" if _SAID.match(line) else "bootstrap", line)
     if proc.wait() != 0:
         raise BaseImageError(
-            f"mmdebstrap failed (exit {proc.returncode}): " + " | ".join(tail[-5:]),
+            f"mmdebstrap failed (exit {proc.returncode}): " + redact_urls(" | ".join(tail[-5:])),
             hint="Check that Debian's archive is reachable and that QEMU binfmt is enabled "
                  "for foreign arches (`lab doctor`).")
