@@ -380,6 +380,13 @@ def test_planted_credentials_reach_the_build_and_nothing_keeps_them(planted, tmp
         assert comment.returncode == 0, comment.stderr
         printed = [proc.stdout, proc.stderr, made.stdout, made.stderr, comment.stdout, comment.stderr]
         assert found_in_stream([t.encode() for t in printed], NEEDLES) == set()
+        # The comment and the bundle's report.md, meant for an upstream issue, name no path of the
+        # user's either: the scenario by its file's name, the run folder relative to the runs folder.
+        with tarfile.open(tmp_path / "planted.tar.gz", "r:gz") as tar:
+            report = next(tar.extractfile(m).read().decode() for m in tar if m.name.endswith("/report.md")
+                          or m.name == "report.md")
+        for text in (comment.stdout, report):
+            assert str(tmp_path) not in text and "lab run planted.yaml" in text
         assert f"127.0.0.1:{indexes['path'].port}/…" in proc.stderr  # pip's "Looking in indexes", redacted
     finally:
         if tag:

@@ -14,8 +14,13 @@ from lab.core.scrub import (
     MASK,
     home_to_tilde,
     is_secret_name,
+    is_secret_url,
+    redact_secrets,
+    redact_url,
+    redact_urls,
     scrub_env,
     scrub_text,
+    secret_urls,
     secret_values,
     strip_url_credentials,
 )
@@ -207,8 +212,6 @@ def test_planted_secret_never_survives(secret: str, prefix: str, suffix: str, na
 
 # --------------------------------------------------------------------------- index and mirror URLs (issue 33)
 
-from lab.core.scrub import is_secret_url, redact_secrets, redact_url, redact_urls, secret_urls  # noqa: E402
-
 USERINFO = "https://ana:7f3aUSERtok9c2e@pkgs.example.com/simple"
 PATH = "https://pkgs.example.com:8443/7f3aPATHtok9c2e5b1d/simple/"           # Gemfury, Artifactory
 QUERY = "https://links.example.org/wheels/?token=7f3aQUERYtok9c2e&x=1"
@@ -254,7 +257,8 @@ def test_every_url_on_a_secret_urls_host_is_redacted_in_a_text(secret):
 
 
 def test_a_secret_urls_pieces_are_masked_outside_a_url_too():
-    text = "apt list: pkgs.example.com:8443_7f3aPATHtok9c2e5b1d_simple_Packages; token 7f3aQUERYtok9c2e; ana 7f3aUSERtok9c2e"
+    text = ("apt list: pkgs.example.com:8443_7f3aPATHtok9c2e5b1d_simple_Packages; token 7f3aQUERYtok9c2e; "
+            "ana 7f3aUSERtok9c2e")
     out = redact_urls(text, [USERINFO, PATH, QUERY])
     assert "7f3aPATHtok9c2e5b1d" not in out and "7f3aQUERYtok9c2e" not in out and "7f3aUSERtok9c2e" not in out
     assert "_simple_Packages" in out  # short, word-like segments stay
@@ -263,8 +267,8 @@ def test_a_secret_urls_pieces_are_masked_outside_a_url_too():
 def test_secret_urls_come_from_pips_settings_and_the_debian_mirror(tmp_path):
     conf = tmp_path / "pip.conf"
     conf.write_text(f"[global]\nindex-url = {USERINFO}\nfind-links = /opt/wheels {QUERY}\n")
-    env = {"HOME": str(tmp_path), "PIP_CONFIG_FILE": str(conf), "PIP_EXTRA_INDEX_URL": f"https://pypi.org/simple {PATH}",
-           "LAB_DEBIAN_MIRROR": "http://u:7f3aMIRRORtok9c@mirror.corp/debian"}
+    env = {"HOME": str(tmp_path), "PIP_CONFIG_FILE": str(conf),
+           "PIP_EXTRA_INDEX_URL": f"https://pypi.org/simple {PATH}", "LAB_DEBIAN_MIRROR": "http://u:7f3aMIRRORtok9c@mirror.corp/debian"}
     assert set(secret_urls(env)) == {USERINFO, PATH, QUERY, "http://u:7f3aMIRRORtok9c@mirror.corp/debian"}
     text = f"{USERINFO} {PATH} {QUERY} http://mirror.corp/debian/dists/bookworm/InRelease"
     out = redact_secrets(text, env)
