@@ -30,6 +30,7 @@ from rich.table import Table
 from lab import __version__
 from lab.core import exitcodes as codes
 from lab.core.errors import ConfigError, EngineError, LabError, ScenarioError
+from lab.core.scrub import redact_urls
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="A containerized reproduction lab for PyTorch bugs.")
@@ -155,7 +156,7 @@ def _main(
 # ----------------------------------------------------------------------------- errors and exit codes
 
 def _fail(error: LabError | str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(str(error))}")
+    err.print(f"[bold red]error:[/] {escape(redact_urls(str(error)))}")  # an index's URL is a secret
     raise typer.Exit(code)
 
 
@@ -303,7 +304,7 @@ class Progress:
             self._status.__exit__(*exc)
 
     def __call__(self, stage: str, message: str) -> None:
-        message = message.strip()
+        message = redact_urls(message.strip())  # pip and apt name the indexes and mirrors they read
         if not message:
             return
         if stage == "build" and message.startswith("Step "):

@@ -1,13 +1,19 @@
 """The attacker's suite, secrets: nothing of the host's credentials lands in an image, its history,
-a run folder or a bundle, while the build still gets to use them. Against the real engine.
+a run folder, a bundle, the history database or the lab's own output, while the build still gets to
+use them. Against the real engine.
 
-The host's pip settings name an extra index on 127.0.0.1 that answers only with a planted token
-(Basic auth) and serves a package as an sdist only, so that the cross-install on the host (uv,
-`--no-build`) leaves it to pip inside the image: the build must use the credentials. The proxy
-variables name a real forwarding proxy on 127.0.0.1 that requires a planted password, and a
-`*_TOKEN` variable holds a third planted value. Then every layer and the config of the image
-(`docker save`), `docker history --no-trunc`, the run folder and its bundle are searched for all
-three, raw and base64-encoded as in an Authorization header.
+The host's pip settings name three package sources on 127.0.0.1, each with a planted token in one of
+the three places a URL can carry one (issue 33): an extra index that answers only with Basic auth
+(`http://user:TOKEN@host/simple`), an extra index whose path is the token (`http://host/TOKEN/simple`,
+as Artifactory and Gemfury have it) and a find-links page whose query is the token
+(`http://host/links/?token=TOKEN`). Each serves a package as an sdist only, so that the
+cross-install on the host (uv, `--no-build`) leaves it to pip inside the image: the build must use
+all three URLs. The Debian mirror setting names a mirror with a token in its user info and its path.
+The proxy variables name a real forwarding proxy on 127.0.0.1 that requires a planted password, and
+a `*_TOKEN` variable holds one more planted value. Then every layer and the config of the image
+(`docker save`), `docker history --no-trunc`, the runs folder (the run folder, the history database
+index.sqlite3), the bundle and everything `lab` printed are searched for all of them, raw and
+base64-encoded as in an Authorization header.
 """
 
 from __future__ import annotations
@@ -34,17 +40,24 @@ import pytest
 from tests.conftest import last_json, run_lab
 
 INDEX_USER, INDEX_TOKEN = "indexuser", f"PLANTEDTOKEN{uuid.uuid4().hex[:8]}"
+PATH_TOKEN = f"PLANTEDPATH7{uuid.uuid4().hex[:12]}"     # a letter and a digit, as real tokens have
+QUERY_TOKEN = f"PLANTEDQUERY{uuid.uuid4().hex[:8]}"
+MIRROR_USER, MIRROR_TOKEN = "mirroruser", f"PLANTEDMIRROR{uuid.uuid4().hex[:8]}"
+MIRROR_PATH = f"PLANTEDMIRRORPATH7{uuid.uuid4().hex[:8]}"
 PROXY_USER, PROXY_PASSWORD = "proxyuser", f"PROXYSECRET{uuid.uuid4().hex[:8]}"
 ENV_TOKEN = f"PLANTEDENVTOKEN{uuid.uuid4().hex[:8]}"
-PROJECT = "lab-planted-probe"
-MESSAGE = "the planted probe is installed"
+PROJECT = "lab-planted-probe"        # from the index with the token in its user info
+PATH_PROJECT = "lab-planted-path"    # from the index with the token in its path
+QUERY_PROJECT = "lab-planted-query"  # from the find-links page with the token in its query
+MESSAGE = "the planted probes are installed"
 
 
 def basic(user: str, password: str) -> str:
     return base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-NEEDLES = [INDEX_TOKEN, PROXY_PASSWORD, ENV_TOKEN, basic(INDEX_USER, INDEX_TOKEN), basic(PROXY_USER, PROXY_PASSWORD)]
+NEEDLES = [INDEX_TOKEN, PATH_TOKEN, QUERY_TOKEN, MIRROR_TOKEN, MIRROR_PATH, PROXY_PASSWORD, ENV_TOKEN,
+           basic(INDEX_USER, INDEX_TOKEN), basic(MIRROR_USER, MIRROR_TOKEN), basic(PROXY_USER, PROXY_PASSWORD)]
 
 
 # --- an sdist that only pip can install: an in-tree build backend, nothing to download -----------
@@ -52,7 +65,7 @@ NEEDLES = [INDEX_TOKEN, PROXY_PASSWORD, ENV_TOKEN, basic(INDEX_USER, INDEX_TOKEN
 BACKEND = '''
 import base64, hashlib, os, zipfile
 
-NAME, VERSION = "lab_planted_probe", "1.0"
+NAME, VERSION = "@NAME@", "1.0"
 MODULE = 'MESSAGE = "@MESSAGE@"\\n'
 DIST = f"{NAME}-{VERSION}.dist-info"
 
@@ -64,7 +77,7 @@ def _record_line(path, data):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     files = {f"{NAME}.py": MODULE.encode(),
-             f"{DIST}/METADATA": f"Metadata-Version: 2.1\\nName: lab-planted-probe\\nVersion: {VERSION}\\n".encode(),
+             f"{DIST}/METADATA": f"Metadata-Version: 2.1\\nName: @PROJECT@\\nVersion: {VERSION}\\n".encode(),
              f"{DIST}/WHEEL": b"Wheel-Version: 1.0\\nGenerator: lab-test\\nRoot-Is-Purelib: true\\n"
                               b"Tag: py3-none-any\\n"}
     record = [_record_line(p, d) for p, d in files.items()] + [f"{DIST}/RECORD,,"]
@@ -74,7 +87,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             whl.writestr(path, data)
         whl.writestr(f"{DIST}/RECORD", "\\n".join(record) + "\\n")
     return name
-'''.replace("@MESSAGE@", MESSAGE)
+'''
 
 PYPROJECT = '''[build-system]
 requires = []
@@ -83,44 +96,65 @@ backend-path = ["."]
 '''
 
 
-def make_sdist() -> bytes:
+def sdist_name(project: str) -> str:
+    return f"{project.replace('-', '_')}-1.0.tar.gz"
+
+
+def make_sdist(project: str = PROJECT) -> bytes:
+    module = project.replace("-", "_")
+    backend = BACKEND.replace("@NAME@", module).replace("@PROJECT@", project).replace("@MESSAGE@", MESSAGE)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for name, text in (("pyproject.toml", PYPROJECT), ("backend.py", BACKEND),
-                           ("PKG-INFO", "Metadata-Version: 2.1\nName: lab-planted-probe\nVersion: 1.0\n")):
+        for name, text in (("pyproject.toml", PYPROJECT), ("backend.py", backend),
+                           ("PKG-INFO", f"Metadata-Version: 2.1\nName: {project}\nVersion: 1.0\n")):
             data = text.encode()
-            info = tarfile.TarInfo(f"lab_planted_probe-1.0/{name}")
+            info = tarfile.TarInfo(f"{module}-1.0/{name}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
 
 class Index:
-    """A PEP 503 index on 127.0.0.1 that answers only with the planted credentials."""
+    """A package source on 127.0.0.1 that serves one sdist-only project and answers only when the
+    request carries its planted token: in Basic auth (`userinfo`), as the first path segment
+    (`path`), or in the query (`query`, a find-links page whose links carry the token too)."""
 
-    def __init__(self) -> None:
-        sdist = make_sdist()
-        file = "lab_planted_probe-1.0.tar.gz"
-        pages = {f"/simple/{PROJECT}/": f'<a href="/files/{file}">{file}</a>\n'.encode(), f"/files/{file}": sdist}
+    def __init__(self, how: str = "userinfo", project: str = PROJECT) -> None:
+        sdist, file = make_sdist(project), sdist_name(project)
+        self.how = how
+        if how == "userinfo":
+            pages = {f"/simple/{project}/": f'<a href="/files/{file}">{file}</a>\n'.encode(), f"/files/{file}": sdist}
+        elif how == "path":
+            pages = {f"/{PATH_TOKEN}/simple/{project}/": f'<a href="/{PATH_TOKEN}/files/{file}">{file}</a>\n'.encode(),
+                     f"/{PATH_TOKEN}/files/{file}": sdist}
+        else:
+            pages = {"/links/": f'<a href="/files/{file}?token={QUERY_TOKEN}">{file}</a>\n'.encode(),
+                     f"/files/{file}": sdist}
         self.requests: list[tuple[str, bool, str]] = []  # (path, authorised, user agent)
         index = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                authorised = self.headers.get("Authorization") == f"Basic {basic(INDEX_USER, INDEX_TOKEN)}"
-                index.requests.append((self.path, authorised, self.headers.get("User-Agent", "")))
+                url = urllib.parse.urlsplit(self.path)
+                if how == "userinfo":
+                    authorised = self.headers.get("Authorization") == f"Basic {basic(INDEX_USER, INDEX_TOKEN)}"
+                elif how == "path":
+                    authorised = url.path.startswith(f"/{PATH_TOKEN}/")
+                else:
+                    authorised = urllib.parse.parse_qs(url.query).get("token") == [QUERY_TOKEN]
+                index.requests.append((url.path, authorised, self.headers.get("User-Agent", "")))
                 if not authorised:
                     self.send_response(401)
                     self.send_header("WWW-Authenticate", 'Basic realm="planted"')
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                body = pages.get(self.path)
+                body = pages.get(url.path)
                 if body is None:
                     self.send_error(404)
                     return
                 self.send_response(200)
-                self.send_header("Content-Type", "text/html" if self.path.endswith("/") else "application/gzip")
+                self.send_header("Content-Type", "text/html" if url.path.endswith("/") else "application/gzip")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -131,6 +165,17 @@ class Index:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        """The URL the host's pip settings name, token included."""
+        return {"userinfo": f"http://{INDEX_USER}:{INDEX_TOKEN}@127.0.0.1:{self.port}/simple",
+                "path": f"http://127.0.0.1:{self.port}/{PATH_TOKEN}/simple",
+                "query": f"http://127.0.0.1:{self.port}/links/?token={QUERY_TOKEN}"}[self.how]
+
+    def pip_downloaded(self) -> bool:
+        """Whether pip (inside the build) fetched the sdist with the token."""
+        return any(p.endswith(".tar.gz") and ok and agent.startswith("pip/") for p, ok, agent in self.requests)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -247,24 +292,35 @@ def found_in_bundle(bundle: Path, needles: list[str]) -> dict[str, set[str]]:
 
 @pytest.fixture
 def planted(tmp_path):
-    index, proxy = Index(), Proxy()
+    from lab.build.hostpip import discover
+    host = discover()  # the host's own sources stay (torch comes from them); the planted ones are added
+    indexes = {how: Index(how, project) for how, project in
+               (("userinfo", PROJECT), ("path", PATH_PROJECT), ("query", QUERY_PROJECT))}
+    proxy = Proxy()
     proxy_url = f"http://{PROXY_USER}:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}"
     env = {
-        "PIP_EXTRA_INDEX_URL": f"http://{INDEX_USER}:{INDEX_TOKEN}@127.0.0.1:{index.port}/simple",
+        "PIP_EXTRA_INDEX_URL": " ".join([*host.extra_index_urls, indexes["userinfo"].url, indexes["path"].url]),
+        "PIP_FIND_LINKS": " ".join([*host.find_links, indexes["query"].url]),
+        # a mirror with a token in its user info and its path; the base is made beforehand with the
+        # default mirror, so this one is only named, never read (a bootstrap from it would fail)
+        "LAB_DEBIAN_MIRROR": f"http://{MIRROR_USER}:{MIRROR_TOKEN}@127.0.0.1:9/{MIRROR_PATH}/debian",
         "HTTP_PROXY": proxy_url, "HTTPS_PROXY": proxy_url, "http_proxy": proxy_url, "https_proxy": proxy_url,
         "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
         "MY_SERVICE_TOKEN": ENV_TOKEN,
     }
-    yield index, proxy, env
-    index.close()
+    yield indexes, proxy, env
+    for index in indexes.values():
+        index.close()
     proxy.close()
 
 
 def planted_scenario(folder: Path) -> Path:
-    (folder / "probe.py").write_text("import lab_planted_probe\nprint(lab_planted_probe.MESSAGE)\n")
+    (folder / "probe.py").write_text("import lab_planted_probe, lab_planted_path, lab_planted_query\n"
+                                     "print(lab_planted_probe.MESSAGE)\n")
     path = folder / "planted.yaml"
     path.write_text(f'name: planted-secrets\ntorch: "2.13.0+cpu"\narch: amd64\nbase: debian:bookworm\n'
-                    f"system_packages: [g++, python3-dev]\npip: [{PROJECT}]\nscript: probe.py\ntimeout: 300\n"
+                    f"system_packages: [g++, python3-dev]\npip: [{PROJECT}, {PATH_PROJECT}, {QUERY_PROJECT}]\n"
+                    f"script: probe.py\ntimeout: 300\n"
                     f'expect: {{stdout_contains: "{MESSAGE}", exit_code: 0}}\n')
     return path
 
@@ -272,9 +328,13 @@ def planted_scenario(folder: Path) -> Path:
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
 def test_planted_credentials_reach_the_build_and_nothing_keeps_them(planted, tmp_path):
-    index, proxy, env = planted
-    proc = run_lab("run", str(planted_scenario(tmp_path)), "--out", str(tmp_path / "runs"), "--json",
-                   "--no-diagnose", env=env)
+    indexes, proxy, env = planted
+    # the base, from the default mirror (the planted one does not serve Debian)
+    base = run_lab("build-base", "debian:bookworm", "--arch", "amd64", "--packages", "g++,python3-dev")
+    assert base.returncode == 0, base.stderr[-4000:]
+    runs = tmp_path / "runs"
+    proc = run_lab("run", str(planted_scenario(tmp_path)), "--out", str(runs), "--json", "--no-diagnose", "-v",
+                   env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = last_json(proc.stdout)
     run_dir = Path(result["run_dir"])
@@ -282,9 +342,9 @@ def test_planted_credentials_reach_the_build_and_nothing_keeps_them(planted, tmp
     client = docker.from_env()
     try:
         assert result["verdict"] == "reproduced", (result, (run_dir / "build.log").read_text()[-4000:])
-        # The credentials reached the build: pip in the image fetched the sdist with them ...
-        pip_downloads = [r for r in index.requests if r[0].startswith("/files/") and r[1] and r[2].startswith("pip/")]
-        assert pip_downloads, index.requests
+        # Every planted URL reached the build: pip in the image fetched each sdist with its token ...
+        for how, index in indexes.items():
+            assert index.pip_downloaded(), (how, index.requests)
         # ... and the proxy's password reached whatever used the proxy.
         assert proxy.authorised > 0
 
@@ -300,17 +360,34 @@ def test_planted_credentials_reach_the_build_and_nothing_keeps_them(planted, tmp
         assert len(urls) == 1 and urls[0].startswith("http://127.0.0.1:")
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(urls[0], timeout=10)
-        # The image's pip.conf names the index, without its credentials.
+        # The image's pip.conf names none of the planted sources: a whole URL is a secret.
         conf = client.containers.run(tag, ["cat", "/etc/lab/pip.conf"], remove=True, network_mode="none",
                                      labels={"org.torch-repro-lab.managed": "true"}).decode()
-        assert f"http://127.0.0.1:{index.port}/simple" in conf and INDEX_USER not in conf
+        assert not any(f"127.0.0.1:{index.port}" in conf for index in indexes.values()), conf
+        assert "3 index URL(s) of the host are secrets" in conf
 
-        # Nowhere in the run folder, nor in its bundle.
-        assert found_in_folder(run_dir, NEEDLES) == {}
-        assert f"http://127.0.0.1:{index.port}/simple" in (run_dir / "lab" / "pip.conf").read_text()
+        # Nowhere in the runs folder: the run folder, the history database, the bundles log ...
+        assert run_lab("runs", "--json", "--out", str(runs), env=env).returncode == 0
+        assert (runs / "index.sqlite3").is_file()
+        assert found_in_folder(runs, NEEDLES) == {}
+        assert f"http://127.0.0.1:{indexes['path'].port}/…" in (run_dir / "build.log").read_text()
+        assert "http://127.0.0.1:9/…" in (run_dir / "scenario.yaml").read_text()  # the mirror, named redacted
+        # ... nor in its bundle, nor in anything the lab printed (with -v, every build line).
         made = run_lab("bundle", str(run_dir), "-o", str(tmp_path / "planted.tar.gz"), env=env)
         assert made.returncode == 0, made.stderr
         assert found_in_bundle(tmp_path / "planted.tar.gz", NEEDLES) == {}
+        comment = run_lab("comment", str(run_dir), env=env)
+        assert comment.returncode == 0, comment.stderr
+        printed = [proc.stdout, proc.stderr, made.stdout, made.stderr, comment.stdout, comment.stderr]
+        assert found_in_stream([t.encode() for t in printed], NEEDLES) == set()
+        # The comment and the bundle's report.md, meant for an upstream issue, name no path of the
+        # user's either: the scenario by its file's name, the run folder relative to the runs folder.
+        with tarfile.open(tmp_path / "planted.tar.gz", "r:gz") as tar:
+            report = next(tar.extractfile(m).read().decode() for m in tar if m.name.endswith("/report.md")
+                          or m.name == "report.md")
+        for text in (comment.stdout, report):
+            assert str(tmp_path) not in text and "lab run planted.yaml" in text
+        assert f"127.0.0.1:{indexes['path'].port}/…" in proc.stderr  # pip's "Looking in indexes", redacted
     finally:
         if tag:
             client.images.remove(tag, force=True)

@@ -24,9 +24,11 @@ from lab.core.cache import cache_dir
 from lab.core.config import current as current_settings
 from lab.core.errors import BaseImageError
 from lab.core.records import BaseImage, Events
+from lab.core.scrub import is_secret_url, redact_url, redact_urls
 from lab.scenario.schema import Arch
 
 BOOTSTRAP_REPO = "torch-repro-lab/debian"
+PUBLIC_DEBIAN_MIRROR = "http://deb.debian.org/debian"  # what a base's sources.list names when the mirror is a secret
 _DEBIAN = re.compile(r"^(?:docker\.io/)?(?:library/)?debian:(?P<suite>[a-z]+|\d+)(?P<slim>-slim)?$")
 _SUITES = {"11": "bullseye", "12": "bookworm", "13": "trixie"}
 
@@ -54,9 +56,20 @@ def bootstrap_command(suite: str, arch: Arch, target: Path, packages: tuple[str,
     `docker-apt-speedup` has it): the tree is a temporary folder that becomes a tar, and under QEMU
     the fsyncs cost about a tenth of the bootstrap."""
     include = [f"--include={','.join(sorted(set(packages)))}"] if packages else []
+    mirror = current_settings().debian_mirror
     return ["mmdebstrap", "--variant=minbase", f"--architectures={arch.value}", "--mode=root",
             "--aptopt=Acquire::Retries=3", "--dpkgopt=force-unsafe-io", *_merged_usr(suite), *include,
-            *_native_steps(arch, packages), suite, str(target), current_settings().debian_mirror]
+            *_public_sources(suite, mirror), *_native_steps(arch, packages), suite, str(target), mirror]
+
+
+def _public_sources(suite: str, mirror: str) -> list[str]:
+    """A mirror URL is a secret unless it is a bare one on Debian's own host (lab.core.scrub): the
+    bootstrap uses it, but the rootfs's /etc/apt/sources.list names Debian's public archive instead,
+    as the official images do, so no layer of a base keeps the mirror."""
+    if not is_secret_url(mirror):
+        return []
+    line = f"deb {PUBLIC_DEBIAN_MIRROR} {suite} main"
+    return [f'--customize-hook=printf "%s\\n" {shlex.quote(line)} > "$1/etc/apt/sources.list"']
 
 
 MERGED_USR_HOOKS = Path("/usr/share/mmdebstrap/hooks/merged-usr")
@@ -149,7 +162,8 @@ def _failed_before(tag: str) -> bool:
 
 
 def _recipe(suite: str, arch: Arch, packages: tuple[str, ...] = ()) -> str:
-    return shlex.join(bootstrap_command(suite, arch, Path("rootfs.tar"), packages)) + \
+    # the mirror is a secret (lab.core.scrub): the recipe, written into scenario.yaml, names it redacted
+    return redact_urls(shlex.join(bootstrap_command(suite, arch, Path("rootfs.tar"), packages))) + \
         f" && docker build --platform {arch.platform} (FROM scratch; ADD rootfs.tar /)"
 
 
@@ -179,7 +193,7 @@ def _bootstrap(engine, base: str, suite: str, arch: Arch, events: Events,
         if not kept.is_file():
             with_packages = f" with {', '.join(packages)}" if packages else ""
             events("base", f"no registry: bootstrapping Debian {suite} for {arch.value}{with_packages} from "
-                           f"{mirror} with mmdebstrap ({_bootstrap_time(engine, arch)})")
+                           f"{redact_url(mirror)} with mmdebstrap ({_bootstrap_time(engine, arch)})")
             work = Path(tempfile.mkdtemp(prefix="bootstrap-", dir=bases))
             try:
                 rootfs = work / "rootfs.tar"
@@ -213,6 +227,6 @@ def _run_mmdebstrap(cmd: list[str], events: Events) -> None:
             events("base" if _SAID.match(line) else "bootstrap", line)
     if proc.wait() != 0:
         raise BaseImageError(
-            f"mmdebstrap failed (exit {proc.returncode}): " + " | ".join(tail[-5:]),
+            f"mmdebstrap failed (exit {proc.returncode}): " + redact_urls(" | ".join(tail[-5:])),
             hint="Check that Debian's archive is reachable and that QEMU binfmt is enabled "
                  "for foreign arches (`lab doctor`).")

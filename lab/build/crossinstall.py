@@ -52,6 +52,7 @@ from lab.core.config import current as current_settings
 from lab.core.errors import LabError
 from lab.core.hashing import CountingWriter, HashingReader, HashingWriter
 from lab.core.records import Events, no_events
+from lab.core.scrub import redact_secrets
 
 CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
 VENV_IN_IMAGE = "/opt/venv"
@@ -657,7 +658,7 @@ def _cause(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines()]
     picked = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("error:", "cause:"))]
     text = "; ".join(p for p in picked if p) or " ".join(ln for ln in lines if ln)[-300:]
-    return text[:500]
+    return redact_secrets(text)[:500]  # uv names the index it read, whose URL is a secret
 
 
 def uv_binary() -> str:

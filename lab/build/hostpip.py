@@ -9,10 +9,9 @@ copied into the build context instead.
 
 from __future__ import annotations
 
-import configparser
+import hashlib
 import html.parser
 import os
-import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ from packaging.requirements import Requirement
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from lab.core.scrub import strip_url_credentials
+from lab.core import pipconf
+from lab.core.scrub import is_secret_url, strip_url_credentials
 
 CA_ENV_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 PROXY_ENV_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
@@ -53,26 +53,40 @@ class HostPip:
         return tuple(urls)
 
     @property
-    def has_credentials(self) -> bool:
-        """Whether a remote index or find-links URL carries `user:password@` or `token@`."""
+    def remote_urls(self) -> tuple[str, ...]:
+        """Every remote index, extra index and find-links URL (local folders are not)."""
         urls = [self.index_url or "", *self.extra_index_urls, *self.find_links]
-        return any(not is_local(u) and strip_url_credentials(u) != u for u in urls if u)
+        return tuple(u for u in urls if u and not is_local(u))
+
+    @property
+    def has_credentials(self) -> bool:
+        """Whether a remote index or find-links URL is a secret (lab.core.scrub.is_secret_url: any
+        URL but a bare one on a public host such as pypi.org): then a build gets the indexes only
+        through the one-shot pip.conf (lab.buildsecret), never through its context."""
+        return any(is_secret_url(u) for u in self.remote_urls)
 
     def pip_conf(self, ca_path: str | None, wheel_dir: str, *, credentials: bool = False) -> str:
-        """The pip.conf for inside the image: remote settings as-is but without the credentials in
-        their URLs (unless `credentials`, for the copy a build fetches and deletes), local sources
-        as `wheel_dir`."""
-        def url(u: str) -> str:
-            return u if credentials else strip_url_credentials(u)
+        """The pip.conf for inside the image: the CA, the image's wheel folder and only the remote
+        URLs that are not secrets (a bare public index such as PyPI's or PyTorch's); with
+        `credentials`, for the copy a build fetches and deletes in its pip step, every URL as it is.
+        A secret URL is dropped whole, not redacted: a URL without its token names nothing pip could
+        use, and the image needs no index at run time."""
+        def keep(urls) -> list[str]:
+            return [u for u in urls if credentials or not is_secret_url(u)]
 
         lines = ["[global]"]
+        dropped = [u for u in self.remote_urls if u not in keep(self.remote_urls)]
+        if dropped:  # their identity only, so that another index still makes another image
+            ident = hashlib.sha256("\n".join(sorted(strip_url_credentials(u) for u in dropped)).encode())
+            lines.append(f"# {len(dropped)} index URL(s) of the host are secrets and are not written here "
+                         f"(sha256:{ident.hexdigest()[:16]}); the lab's build got them through a one-shot URL")
         if ca_path:
             lines.append(f"cert = {ca_path}")
-        if self.index_url and not is_local(self.index_url):
-            lines.append(f"index-url = {url(self.index_url)}")
-        if self.remote_indexes:
-            lines.append("extra-index-url = " + " ".join(url(u) for u in self.remote_indexes))
-        remote_links = [url(u) for u in self.find_links if not is_local(u)]
+        if self.index_url and not is_local(self.index_url) and keep([self.index_url]):
+            lines.append(f"index-url = {self.index_url}")
+        if keep(self.remote_indexes):
+            lines.append("extra-index-url = " + " ".join(keep(self.remote_indexes)))
+        remote_links = keep(u for u in self.find_links if not is_local(u))
         lines.append("find-links = " + " ".join([wheel_dir, *remote_links]))
         if self.trusted_hosts:
             lines.append("trusted-host = " + " ".join(self.trusted_hosts))
@@ -118,41 +132,10 @@ def to_path(url: str) -> Path:
     return Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(url)
 
 
-def _config_files(env: Mapping[str, str]) -> list[Path]:
-    """pip's own lookup order: site-wide, then user; later files override earlier ones."""
-    home = Path(env.get("HOME", "~")).expanduser()
-    xdg = Path(env.get("XDG_CONFIG_HOME", str(home / ".config")))
-    files = [Path("/etc/xdg/pip/pip.conf"), Path("/etc/pip.conf"),
-             home / ".pip" / "pip.conf", xdg / "pip" / "pip.conf"]
-    if env.get("VIRTUAL_ENV"):
-        files.append(Path(env["VIRTUAL_ENV"]) / "pip.conf")
-    if env.get("PIP_CONFIG_FILE"):
-        files.append(Path(env["PIP_CONFIG_FILE"]))
-    return files
-
-
-def _read_config(files: Iterable[Path]) -> dict[str, str]:
-    settings: dict[str, str] = {}
-    for path in files:
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(path, encoding="utf-8")
-        except (OSError, configparser.Error, UnicodeDecodeError):
-            continue
-        for section in ("global", "install"):
-            if parser.has_section(section):
-                settings.update({k.replace("_", "-"): v for k, v in parser.items(section)})
-    return settings
-
-
-def _split(value: str | None) -> tuple[str, ...]:
-    return tuple(shlex.split(value)) if value else ()
-
-
 def discover(env: Mapping[str, str] | None = None) -> HostPip:
     """Read pip.conf files and PIP_* variables the way pip does (variables win)."""
     env = os.environ if env is None else env
-    conf = _read_config(_config_files(env))
+    conf = pipconf.read_config(pipconf.config_files(env))
 
     def setting(name: str) -> str | None:
         return env.get("PIP_" + name.upper().replace("-", "_")) or conf.get(name)
@@ -161,9 +144,9 @@ def discover(env: Mapping[str, str] | None = None) -> HostPip:
     ca_path = Path(ca) if ca and Path(ca).is_file() else None
     return HostPip(
         index_url=setting("index-url"),
-        extra_index_urls=_split(setting("extra-index-url")),
-        find_links=_split(setting("find-links")),
-        trusted_hosts=_split(setting("trusted-host")),
+        extra_index_urls=pipconf.split(setting("extra-index-url")),
+        find_links=pipconf.split(setting("find-links")),
+        trusted_hosts=pipconf.split(setting("trusted-host")),
         ca_bundle=ca_path,
         proxies=tuple((k, env[k]) for k in PROXY_ENV_VARS if env.get(k)),
     )

@@ -40,7 +40,7 @@ from lab.build.resolve import Case
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError
 from lab.core.records import BuiltImage, Events, no_events
-from lab.core.scrub import redact_secrets, strip_url_credentials
+from lab.core.scrub import redact_secrets, redact_url
 from lab.engine.docker_engine import LAYERS_REPO, Engine
 
 PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
@@ -74,7 +74,7 @@ def check_release(case: Case, host: HostPip, events: Events = no_events) -> None
         return
     target = Version(case.torch)
     nearest = [v for v in found if Version(v) < target][-1:] + [v for v in found if Version(v) > target][:1]
-    where = ", ".join(strip_url_credentials(url) for _, url in releases.sources(host))
+    where = ", ".join(redact_url(url) for _, url in releases.sources(host))
     raise releases.ReleaseError(
         f"torch {case.torch} has no {releases.describe(python, case.arch)} on the host's package sources "
         f"({where}), so there is nothing to build for {case.name}"
@@ -141,11 +141,12 @@ def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events
                                     {**dict(host.proxies), **site_args, **extra_args}, on_line,
                                     network_mode=network_mode)
     except BuildError as exc:
-        raise BuildError(redact_secrets(exc.message), log=redact_secrets(exc.log),
-                         hint=redact_secrets(exc.hint) if exc.hint else None) from None
+        redact = partial(redact_secrets, urls=host.remote_urls)  # pip names the indexes, whose URLs are secrets
+        raise BuildError(redact(exc.message), log=redact(exc.log),
+                         hint=redact(exc.hint) if exc.hint else None) from None
     finally:
         if log_path:
-            log_path.write_text(redact_secrets("\n".join(lines) + "\n"))
+            log_path.write_text(redact_secrets("\n".join(lines) + "\n", urls=host.remote_urls))
     return BuiltImage(tag, image_id, base, cached=False, build_seconds=time.monotonic() - started,
                       base_seconds=started - base_started)
 

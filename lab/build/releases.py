@@ -40,6 +40,7 @@ from lab.build.hostpip import HostPip, is_local, to_path
 from lab.build.resolve import wheel_tags
 from lab.core import cache
 from lab.core.errors import LabError
+from lab.core.scrub import redact_url
 from lab.scenario.schema import Arch
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -221,7 +222,7 @@ def _remote_files(url: str, host: HostPip, timeout: float) -> list[IndexFile]:
             return _parse_json(json.loads(body))
         return _parse_html(body.decode("utf-8", errors="replace"))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise IndexUnreachableError(f"{_redact(url)} returned a page that is not a simple index ({exc}).") \
+        raise IndexUnreachableError(f"{redact_url(url)} returned a page that is not a simple index ({exc}).") \
             from None
 
 
@@ -282,16 +283,16 @@ def _get(url: str, host: HostPip, timeout: float) -> tuple[str, bytes] | None:
     except urllib.error.HTTPError as exc:
         if exc.code in (404, 410):
             return None
-        raise IndexUnreachableError(f"{_redact(url)} answered HTTP {exc.code} {exc.reason}.") from None
+        raise IndexUnreachableError(f"{redact_url(url)} answered HTTP {exc.code} {exc.reason}.") from None
     except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise IndexUnreachableError(f"{_redact(url)} did not answer within {timeout:g} s.") from None
+            raise IndexUnreachableError(f"{redact_url(url)} did not answer within {timeout:g} s.") from None
         hint = None
         if "CERTIFICATE_VERIFY_FAILED" in str(reason):
             hint = ("Behind a TLS-intercepting proxy, point PIP_CERT (or `cert` in pip.conf) at its CA bundle"
                     + (f"; now {host.ca_bundle}." if host.ca_bundle else "."))
-        raise IndexUnreachableError(f"could not read {_redact(url)}: {reason}.", hint=hint) from None
+        raise IndexUnreachableError(f"could not read {redact_url(url)}: {reason}.", hint=hint) from None
 
 
 def _tls(host: HostPip, url: str) -> ssl.SSLContext:
@@ -324,12 +325,10 @@ def _split_credentials(url: str) -> tuple[str, str | None]:
     return urlunparse(parts._replace(netloc=netloc)), auth
 
 
-def _redact(url: str) -> str:
-    bare, auth = _split_credentials(url)
-    if not auth:
-        return url
-    parts = urlparse(bare)
-    return urlunparse(parts._replace(netloc="***@" + parts.netloc))
+def _cache_id(page: str) -> str:
+    """What a cache file records of the page it holds: the redacted URL and a digest of the whole,
+    so a secret URL is never written in the clear and two indexes on one host stay apart."""
+    return f"{redact_url(page)} sha256:{hashlib.sha256(page.encode()).hexdigest()[:32]}"
 
 
 # -- cache ------------------------------------------------------------------------------------------
@@ -337,7 +336,7 @@ def _redact(url: str) -> str:
 def _read_cache(path: Path, page: str, max_age_s: float) -> list[IndexFile] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("format") != _CACHE_FORMAT or data.get("url") != _redact(page):
+        if data.get("format") != _CACHE_FORMAT or data.get("url") != _cache_id(page):
             return None
         age = time.time() - float(data["fetched_at"])
         if not 0 <= age < max_age_s:
@@ -348,7 +347,7 @@ def _read_cache(path: Path, page: str, max_age_s: float) -> list[IndexFile] | No
 
 
 def _write_cache(path: Path, page: str, files: list[IndexFile]) -> None:
-    data = {"format": _CACHE_FORMAT, "url": _redact(page), "fetched_at": time.time(),
+    data = {"format": _CACHE_FORMAT, "url": _cache_id(page), "fetched_at": time.time(),
             "files": [{"filename": f.filename, "yanked": f.yanked, "requires_python": f.requires_python}
                       for f in files if f.filename.endswith(".whl")]}
     path.parent.mkdir(parents=True, exist_ok=True)

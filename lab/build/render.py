@@ -240,9 +240,10 @@ def render_dockerfile(case: Case) -> str:
 
 
 def image_pip_conf(host: HostPip, *, credentials: bool = False) -> str:
-    """The pip.conf of the image (/etc/lab/pip.conf) and the run folder: the host's index URLs
-    without their credentials. With `credentials`, the full one a build fetches and deletes in
-    its pip step (lab.buildsecret); it never goes into a context, an image or a file."""
+    """The pip.conf of the image (/etc/lab/pip.conf) and the run folder: the CA, the wheels folder
+    and only the index URLs that are not secrets (HostPip.pip_conf). With `credentials`, the full
+    one a build fetches and deletes in its pip step (lab.buildsecret); it never goes into a
+    context, an image or a file."""
     ca = host.ca_bundle is not None and host.ca_bundle.stat().st_size > 0
     return host.pip_conf(CA_IN_IMAGE if ca else None, WHEELS_IN_IMAGE, credentials=credentials)
 
@@ -380,8 +381,8 @@ def write_context_folder(folder: Path, plan: BuildPlan) -> None:
     """The plan's build context as files, so that `docker build .` works in a run folder. Large
     local wheels are listed, not copied; site/ (the venv tree the lab cross-installed on the host,
     up to gigabytes) stays empty but for a README, so `docker build .` there installs the
-    requirements with pip inside the image. No credential of the host is written: lab/pip.conf is
-    the image's, without them, and the README's notes are redacted."""
+    requirements with pip inside the image. No secret of the host is written: lab/pip.conf is
+    the image's, without the secret URLs, and the README's notes are redacted."""
     from lab.core.scrub import redact_secrets
     for f in plan.files:
         if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):

@@ -5,12 +5,15 @@ environment, the exact commands (with the lab, and with plain Docker), the compa
 long parts (the script, `lab compare`'s summary, the localization) collapsed in `<details>`.
 Everything goes through the bundles' scrubbing (lab.core.scrub.scrub_text): secret-named
 variables of the host and of the scenario lose their values, URL credentials and the home folder
-go.
+go. Nothing names the user's own paths (issue 33): a scenario is named by its name (or its file's
+name), commands carry no `--out`, and a folder under the runs folder is named relative to it
+(`relu-inject/20261125T110531Z-torch2.13.0+cpu-amd64-ablation/ablation.md`), by `relative_paths`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from lab.compare.diff import CompareError, _text, boundary_pair, compare_runs
 from lab.core.arch import with_emulated_env
 from lab.core.results import BisectResult, LocalizeResult, RunResult, read_document, read_result
 from lab.core.scrub import is_secret_name, scrub_text
+from lab.history.index import root_of
 
 _FENCE = "```"
 
@@ -37,7 +41,34 @@ def render_comment(folder: Path) -> str:
         raise CompareError(f"{folder}: is neither a run folder (no result.json) nor a bisect folder (no "
                            "bisect.json).", hint="Pass a folder that `lab run` or `lab bisect` made.")
     env = {**os.environ, **_secrets(scenario)}
-    return scrub_text(text, env)
+    return scrub_text(relative_paths(text, folder), env)
+
+
+_LINK_TO_PATH = re.compile(r"\]\((/[^)\s]+)\)")  # a Markdown link to an absolute path
+
+
+def relative_paths(text: str, folder: Path) -> str:
+    """`text` without the absolute paths of the runs folder that holds `folder` (lab.history's
+    root_of): what lies under it is named relative to it, the folder itself `the runs folder`; a
+    Markdown link to another absolute path keeps its file's name only."""
+    try:
+        root = root_of(Path(folder))
+    except (IndexError, OSError):  # a folder too near `/` to sit in a runs folder
+        return _LINK_TO_PATH.sub(lambda m: f"]({Path(m.group(1)).name})", text)
+    for path in sorted({str(root), os.path.realpath(root)}, key=len, reverse=True):
+        path = path.rstrip("/")
+        if len(path) < 2:
+            continue
+        text = re.sub(re.escape(path) + r"/+", "", text)
+        text = re.sub(re.escape(path) + r"(?![\w.-])", "the runs folder", text)
+    return _LINK_TO_PATH.sub(lambda m: f"]({Path(m.group(1)).name})", text)
+
+
+def scenario_name(scenario: dict, fallback: str) -> str:
+    """How a comment names a scenario: its name when it is a project's or shipped one, else its
+    file's name (never the path, which is the user's)."""
+    source = (scenario.get("resolved") or {}).get("source_file") or ""
+    return fallback if "/scenarios/" in source or not source else Path(source).name
 
 
 # --- a bisection ------------------------------------------------------------------------------------
@@ -70,8 +101,10 @@ def _bisect_comment(folder: Path) -> tuple[str, dict]:
                   f"`{s.first_new_commit or 'not recorded'}`; a commit-level bisection starts with "
                   f"`{s.git_bisect}`.", ""]
     searched = ", ".join(f"{p.version} ({p.verdict})" for p in result.steps)
+    command = shlex.join(["lab", "bisect", scenario_name(scenario, bad.scenario), "--from", result.from_version,
+                          "--to", result.to_version, "--arch", bad.arch])
     parts += [f"Searched {len(result.candidates) or len(result.steps)} releases from {result.from_version} to "
-              f"{result.to_version} with `{result.resume or 'lab bisect'}`; probed: {searched}.", ""]
+              f"{result.to_version} with `{command}`; probed: {searched}.", ""]
     failed = [p for p in result.steps if p.verdict == "failed_differently"]
     if failed:
         how = "skipped" if result.failed_differently == "skip" else f"counted as {result.failed_differently}"
@@ -202,9 +235,7 @@ def _scenario_env(r: RunResult, scenario: dict) -> dict[str, str]:
 
 def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
     resolved = scenario.get("resolved") or {}
-    source = resolved.get("source_file") or ""
-    ref = r.scenario if "/scenarios/" in source or not source else source
-    lab = ["lab", "run", ref, "--torch", r.torch, "--arch", r.arch]
+    lab = ["lab", "run", scenario_name(scenario, r.scenario), "--torch", r.torch, "--arch", r.arch]
     if r.backend:
         lab += ["--backend", r.backend]
     for key, value in sorted((resolved.get("vars") or {}).items()):

@@ -32,6 +32,7 @@ from pydantic import AfterValidator, BeforeValidator, ByteSize, TypeAdapter, Val
 
 from lab.core.arch import Arch
 from lab.core.errors import ConfigError
+from lab.core.scrub import redact_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -223,7 +224,10 @@ class Settings:
         rows = []
         for key in KEYS:
             value = self.values[key.name]
-            rows.append({"key": key.name, "value": key.adapter.dump_python(value, mode="json"),
+            dumped = key.adapter.dump_python(value, mode="json")
+            if key.name == "mirrors.debian":  # a mirror's URL is a secret (lab.core.scrub)
+                value = dumped = redact_url(value)
+            rows.append({"key": key.name, "value": dumped,
                          "display": _display(value),
                          "source": str(self.origins[key.name]), "env": key.env, "help": key.help,
                          "used": key.later is None, "later": key.later})

@@ -17,8 +17,16 @@ The rules, each a function of its own:
 - `scrub_env`: drops secret-named variables from a mapping and strips URL credentials from the rest.
 - `strip_url_credentials`: `https://user:pass@host/x` and `https://token@host/x` become
   `https://host/x`, wherever a URL appears in a text.
+- `is_secret_url`, `redact_url`: a whole index or mirror URL is a secret (a token can sit in its
+  user info, its path, as Artifactory and Gemfury put it, or its query): `redact_url` keeps its
+  scheme and host only, `https://host/…`. A bare URL (no user info, no query) on a public host whose
+  paths name public things (PyPI, PyTorch's download server, Debian's, GitHub) is not a secret.
+- `secret_urls`, `redact_urls`: the URLs configured on this host (pip's index, extra indexes and
+  find-links, lab.core.pipconf; the Debian mirror, lab.core.config) that are secrets, and a text with
+  every URL on one of their hosts redacted (pip prints `http://user:****@host/TOKEN/simple/x/`),
+  their user info and query values and their token-like path segments masked wherever they appear.
 - `home_to_tilde`: the user's home folder, as a path prefix, becomes `~`.
-- `scrub_text`: all of the above on a text file's contents, plus:
+- `scrub_text`: all of the above on a text file's contents (`redact_secrets`: all but the home), plus:
   * the values of secret-named variables of the given environment are replaced by `***` wherever
     they appear literally, when at least 6 characters long (shorter ones would blank out common
     words);
@@ -37,15 +45,22 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from lab.core import pipconf
 
 __all__ = [
     "MIN_SECRET_VALUE_LEN",
     "MASK",
     "home_to_tilde",
     "is_secret_name",
+    "is_secret_url",
     "redact_secrets",
+    "redact_url",
+    "redact_urls",
     "scrub_env",
     "scrub_text",
+    "secret_urls",
     "secret_values",
     "strip_url_credentials",
 ]
@@ -100,6 +115,122 @@ def strip_url_credentials(text: str) -> str:
     if "://" not in text:
         return text
     return _URL_USERINFO.sub("", text)
+
+
+# Hosts whose URL paths name public things: a bare URL there (no user info, no query) is no secret.
+PUBLIC_HOSTS = frozenset({"pypi.org", "files.pythonhosted.org", "download.pytorch.org", "deb.debian.org",
+                          "security.debian.org", "github.com", "api.github.com"})
+ELLIPSIS = "\u2026"
+_URL_END = r"[^\s'\"<>`\\]*"  # the rest of a URL: up to a space, a quote, an angle bracket, a backtick
+
+
+def _parts(url: str):
+    """urlsplit, or None when `url` is not a remote URL (a local folder, a file:// URL, garbage)."""
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError:
+        return None
+    if not parts.scheme or parts.scheme == "file" or not parts.hostname or "://" not in url:
+        return None
+    return parts
+
+
+def is_secret_url(url: str) -> bool:
+    """Whether `url` (an index, extra index, find-links URL or mirror) is a secret: every remote URL
+    is, but a bare one (no user info, query or fragment) on a public host (PUBLIC_HOSTS). A local
+    folder or a file:// URL is not a secret (it names nothing a stranger could use)."""
+    parts = _parts(url)
+    if parts is None:
+        return False
+    bare = not (parts.username or parts.password or parts.query or parts.fragment or "@" in parts.netloc)
+    return not (bare and parts.hostname.lower() in PUBLIC_HOSTS)
+
+
+def redact_url(url: str) -> str:
+    """The one redaction of a URL: `https://user:tok@host:8443/TOKEN/simple?x=1` becomes
+    `https://host:8443/…`. A URL that is not a secret (is_secret_url) is returned as it is."""
+    if not is_secret_url(url):
+        return url
+    parts = _parts(url)
+    port = f":{parts.port}" if parts.port else ""
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}{port}/{ELLIPSIS}"
+
+
+def _literals(url: str) -> set[str]:
+    """The pieces of a secret URL that can hold a token, to mask wherever they appear outside a URL
+    (a file name made of a URL, a log line that cut it): its user name and password, its query's
+    values, and its path segments that look like tokens (8 characters or more, letters and digits)."""
+    parts = _parts(url)
+    if parts is None:
+        return set()
+    found = {parts.username or "", parts.password or "", parts.query}
+    found |= {v for _, v in parse_qsl(parts.query, keep_blank_values=True)}
+    found |= {seg for seg in parts.path.split("/")
+              if len(seg) >= 8 and re.search(r"[A-Za-z]", seg) and re.search(r"\d", seg)}
+    found |= {unquote(v) for v in found}
+    return {v for v in found if len(v) >= MIN_SECRET_VALUE_LEN}
+
+
+def _host_pattern(url: str) -> re.Pattern[str] | None:
+    """Every URL on the same host and port as `url`, with or without user info, any path."""
+    parts = _parts(url)
+    if parts is None:
+        return None
+    host = re.escape(parts.hostname)
+    if ":" in parts.hostname:
+        host = r"\[" + host + r"\]"
+    default = {"http": "80", "https": "443"}.get(parts.scheme.lower())
+    if parts.port and str(parts.port) != default:
+        port = rf":{parts.port}(?!\d)"
+    else:
+        port = rf"(?::{default}(?!\d))?(?!:\d)" if default else r"(?!:\d)"
+    return re.compile(rf"\b([A-Za-z][A-Za-z0-9+.-]*)://(?:[^\s/?#'\"<>`\\]*@)?{host}{port}(?![\w.-]){_URL_END}",
+                      re.IGNORECASE)
+
+
+def secret_urls(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The secret URLs configured on this host: pip's index, extra indexes and find-links (config
+    files and PIP_* variables of `env`, default os.environ) and the lab's Debian mirror."""
+    env = os.environ if env is None else env
+    urls = list(pipconf.configured_urls(env))
+    urls += _mirror(env)
+    return tuple(dict.fromkeys(u for u in urls if is_secret_url(u)))
+
+
+def _mirror(env: Mapping[str, str]) -> list[str]:
+    from lab.core.config import load
+    from lab.core.errors import LabError
+    try:
+        return [load(env=env).debian_mirror]
+    except (LabError, OSError, ValueError):  # a bad setting: the command that reads it says so
+        return []
+
+
+def redact_urls(text: str, urls: Iterable[str] | None = None) -> str:
+    """`text` with every URL on the host of a secret URL (`urls`, default secret_urls()) redacted
+    to `scheme://host/…`, and the secret pieces of those URLs masked wherever else they appear."""
+    urls = secret_urls() if urls is None else tuple(u for u in urls if is_secret_url(u))
+    if not urls or not text:
+        return text
+    for url in urls:
+        pattern = _host_pattern(url)
+        if pattern is not None:
+            text = pattern.sub(_redact_match, text)
+    literals = sorted({v for u in urls for v in _literals(u)}, key=lambda v: (-len(v), v))
+    return _mask_values(text, literals)
+
+
+def _redact_match(match: re.Match[str]) -> str:
+    url = match.group(0)
+    tail = re.search(r"[,.;:!?)\]}]*$", url).group(0)  # a sentence's punctuation after the URL stays
+    parts = _parts(url)
+    if parts is None:
+        return f"{match.group(1)}://{ELLIPSIS}{tail}"
+    port = f":{parts.port}" if parts.port else ""
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}{port}/{ELLIPSIS}{tail}"
 
 
 def _homes(candidates: Iterable[str | Path | None]) -> list[str]:
@@ -167,11 +298,14 @@ def _mask_values(text: str, values: list[str]) -> str:
     return text
 
 
-def redact_secrets(text: str, env: Mapping[str, str] | None = None) -> str:
+def redact_secrets(text: str, env: Mapping[str, str] | None = None, urls: Iterable[str] = ()) -> str:
     """The rules of `scrub_text` but the home folder's: secret values of `env` (default os.environ),
-    secret-named assignments, Authorization headers and URL credentials. For the lab's own records
-    in a run folder (build.log), which keep their paths."""
-    return _scrub(text, secret_values(os.environ if env is None else env), [])
+    the configured secret URLs and `urls` (the indexes a build used), secret-named assignments,
+    Authorization headers and URL credentials. For the lab's own records in a run folder
+    (build.log) and its own output, which keep their paths."""
+    env = os.environ if env is None else env
+    urls = tuple(dict.fromkeys([*secret_urls(env), *(u for u in urls if is_secret_url(u))]))
+    return _scrub(text, secret_values(env), [], urls)
 
 
 def scrub_text(text: str, env: Mapping[str, str] | None = None, *, home: str | Path | None = None) -> str:
@@ -181,10 +315,12 @@ def scrub_text(text: str, env: Mapping[str, str] | None = None, *, home: str | P
     """
     env = os.environ if env is None else env
     homes = _homes([home] if home is not None else _default_homes(env))
-    return _scrub(text, secret_values(env), homes)
+    urls = secret_urls(env) + (secret_urls() if env is not os.environ else ())
+    return _scrub(text, secret_values(env), homes, urls)
 
 
-def _scrub(text: str, values: list[str], homes: list[str]) -> str:
+def _scrub(text: str, values: list[str], homes: list[str], urls: tuple[str, ...] = ()) -> str:
+    text = redact_urls(text, urls)
     text = _mask_values(text, values)
     text = _ASSIGN.sub(_mask_assignment, text)
     text = _QUOTED_PAIR.sub(_mask_quoted_pair, text)

@@ -18,6 +18,7 @@ run folder of its own).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Callable
@@ -178,7 +179,7 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
     result = LocalizeResult(scenario=case.scenario.name, torch=case.torch, arch=case.arch.value, layer=layer,
                             ablation=ablation, ablation_dir=ablation_dir, bisector=bisector, conclusion=conclusion)
     result.write(folder / "localize.json")
-    (folder / "localize.md").write_text(localize_markdown(result), encoding="utf-8")
+    (folder / "localize.md").write_text(localize_markdown(result, folder), encoding="utf-8")
     return result
 
 
@@ -186,11 +187,18 @@ def _decoded(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", "replace")
 
 
-def localize_markdown(r: LocalizeResult) -> str:
+def localize_markdown(r: LocalizeResult, folder: Path | None = None) -> str:
+    """localize.md. It may be pasted into an issue (`lab comment`), so its link to the ablation
+    names it relative to `folder`, where the file lies (by the ablation folder's name without one),
+    never by the user's absolute path."""
     b = r.bisector
+    ablation = None
+    if r.ablation_dir:
+        ablation = (os.path.relpath(Path(r.ablation_dir), folder) if folder is not None
+                    else Path(r.ablation_dir).name) + "/ablation.md"
     lines = [f"# Localization: {r.scenario}, torch {r.torch} ({r.arch})", "", f"**{r.conclusion}**", "",
              f"- Backend ablation (`lab run --ablate`): {r.ablation}"
-             + (f" ([ablation.md]({r.ablation_dir}/ablation.md))" if r.ablation_dir else ""),
+             + (f" ([ablation.md]({ablation}))" if ablation else ""),
              f"- torch._inductor.compiler_bisector: {b.words}"]
     if b.ran:
         lines.append(f"  - backend `{b.backend}`, subsystem `{b.subsystem}`, bisect number {b.bisect_number}; "

@@ -18,6 +18,7 @@ from datetime import date
 from pathlib import Path
 
 from lab.core.errors import LabError
+from lab.core.scrub import redact_url
 
 __all__ = ["IssueError", "IssueFetchError", "IssuePage", "fetch_issue", "page_from_api", "page_from_text"]
 
@@ -171,21 +172,17 @@ def _get_json(url: str, token: str | None, timeout: float):
                     "(or the API's JSON) to a file and pass its path.")
         elif e.code == 404:
             hint = "Check the URL; a private repository needs GITHUB_TOKEN."
-        raise IssueFetchError(f"{_redact(url)} answered HTTP {e.code} {e.reason}.", hint=hint) from None
+        raise IssueFetchError(f"{redact_url(url)} answered HTTP {e.code} {e.reason}.", hint=hint) from None
     except (urllib.error.URLError, ssl.SSLError, OSError) as e:
         reason = getattr(e, "reason", e)
         if isinstance(reason, (socket.timeout, TimeoutError)):
             reason = f"no answer within {timeout:g} s"
-        raise IssueFetchError(f"could not reach {_redact(url)}: {reason}.",
+        raise IssueFetchError(f"could not reach {redact_url(url)}: {reason}.",
                               hint="Save the page (or the API's JSON) to a file and pass its path.") from None
     try:
         return json.loads(body.decode("utf-8", errors="replace"))
     except ValueError:
-        raise IssueFetchError(f"{_redact(url)} did not answer JSON.") from None
-
-
-def _redact(url: str) -> str:
-    return url.split("?", 1)[0]
+        raise IssueFetchError(f"{redact_url(url)} did not answer JSON.") from None
 
 
 # ----------------------------------------------------------------------------- HTML

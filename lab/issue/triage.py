@@ -227,7 +227,24 @@ def summary_lines(state: TriageState) -> list[str]:
 
 
 def comment_text(state: TriageState) -> str:
-    """A comment for the upstream issue: the answer, the runs, and how to repeat them."""
+    """A comment for the upstream issue: the answer, the runs, and how to repeat them. It names no
+    path of the user's (issue 33): folders under the runs folder relative to it (as `lab comment`
+    does), a saved page by its file's name, the home folder as `~`."""
+    from lab.compare.comment import relative_paths
+    from lab.core.scrub import scrub_text
+    text = _comment_text(state)
+    for step in (state.page_run, state.newest_run):
+        if step is not None and step.run_dir:
+            text = relative_paths(text, Path(step.run_dir))
+    return scrub_text(text)
+
+
+def _source_name(source: str) -> str:
+    """An issue's URL as it is; a saved page by its file's name."""
+    return source if "://" in source else Path(source).name
+
+
+def _comment_text(state: TriageState) -> str:
     out = ["### Triage by torch-repro-lab", ""]
     out += [f"- {s}" for s in summary_lines(state)]
     out += ["", "| torch | arch | verdict |", "|---|---|---|"]
@@ -245,6 +262,6 @@ def comment_text(state: TriageState) -> str:
                 "", "</details>"]
     elif cmp.get("why"):
         out += ["", f"_{cmp['why']}_"]
-    out += ["", "<details><summary>reproduce</summary>", "", "```", f"lab triage {state.source}", "```",
+    out += ["", "<details><summary>reproduce</summary>", "", "```", f"lab triage {_source_name(state.source)}", "```",
             "", "</details>", ""]
     return "\n".join(out)

@@ -392,8 +392,10 @@ def collect_env_facts(text: str) -> list[tuple[str, str]]:
 
 
 def scenario_ref(case: Case) -> str:
-    """How to name the scenario on a command line: its name when that name finds this very file
-    (a project or shipped scenario, lab.config's search path), else its path."""
+    """How report.md names the scenario on a command line: its name when that name finds this very
+    file (a project or shipped scenario, lab.config's search path), else its file's name. Never its
+    path: report.md goes into bundles for an upstream issue, and the path is the user's (issue 33);
+    scenario.yaml's `resolved.source_file` keeps it for the user."""
     from lab.core.config import current
     from lab.scenario.schema import find_by_name
     source = case.scenario.source
@@ -402,7 +404,7 @@ def scenario_ref(case: Case) -> str:
     found = find_by_name(source.stem, [d.path for d in current().scenario_dirs()])
     if found is not None and found.resolve() == source.resolve():
         return source.stem
-    return str(source)
+    return source.name
 
 
 def _args(case: Case) -> str:

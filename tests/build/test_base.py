@@ -144,3 +144,26 @@ def test_a_base_the_engine_has_is_used_as_it_is(mmdebstrap):
     engine = FakeEngine(images=["debian:bookworm"])
     got = ensure_base(engine, "debian:bookworm", Arch.AMD64, lambda *a: None, PKGS)
     assert got.origin == "local" and got.ref == "debian:bookworm" and not mmdebstrap.calls
+
+
+def test_a_secret_mirror_is_used_but_named_redacted_and_not_left_in_the_bases_sources(monkeypatch):
+    """Issue 33: the recipe (scenario.yaml's resolved.base.recipe) names the mirror redacted, and the
+    rootfs's sources.list names Debian's public archive; mmdebstrap alone gets the mirror."""
+    mirror = "http://u:7f3aMIRRORtok9c@mirror.corp/7f3aMIRRORpath9c/debian"
+    monkeypatch.setenv("LAB_DEBIAN_MIRROR", mirror)
+    cmd = bootstrap_command("bookworm", Arch.AMD64, base_mod.Path("r.tar"), PKGS)
+    assert cmd[-1] == mirror
+    [hook] = [c for c in cmd if c.startswith("--customize-hook=") and "sources.list" in c]
+    assert "deb http://deb.debian.org/debian bookworm main" in hook and '"$1/etc/apt/sources.list"' in hook
+    recipe = base_mod._recipe("bookworm", Arch.AMD64, PKGS)
+    assert "7f3aMIRROR" not in recipe and "u:" not in recipe and "http://mirror.corp/…" in recipe
+    monkeypatch.setenv("LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    assert not any("sources.list" in c for c in bootstrap_command("bookworm", Arch.AMD64,
+                                                                                 base_mod.Path("r.tar"), PKGS))
+
+
+def test_the_bootstrap_progress_names_a_secret_mirror_redacted(mmdebstrap, monkeypatch):
+    monkeypatch.setenv("LAB_DEBIAN_MIRROR", "https://mirror.corp/debian?key=7f3aMIRRORtok9c")
+    said = []
+    ensure_base(FakeEngine(), "debian:bookworm", Arch.AMD64, lambda stage, m: said.append(m))
+    assert any("https://mirror.corp/…" in m for m in said) and not any("7f3aMIRROR" in m for m in said)

@@ -52,34 +52,48 @@ def test_two_builds_get_different_urls():
         assert one.url != two.url
 
 
-def test_the_images_pip_conf_keeps_the_indexes_and_drops_their_credentials():
+def test_the_images_pip_conf_names_no_secret_url():
+    """Issue 33: a whole index URL is a secret (a token can sit in its path or query), so the image's
+    pip.conf names none of them, only how many there were; the one-shot copy has them all."""
     assert CREDENTIALED.has_credentials
     conf = image_pip_conf(CREDENTIALED)
     assert TOKEN not in conf and "__token__" not in conf
-    assert "index-url = https://mirror.example/simple" in conf
-    assert "extra-index-url = https://extra.example/simple\n" in conf
-    assert "find-links = /lab/wheels https://links.example/torch.html" in conf
+    assert "mirror.example" not in conf and "extra.example" not in conf and "links.example" not in conf
+    assert "index-url" not in conf and "find-links = /lab/wheels\n" in conf
+    assert "# 3 index URL(s) of the host are secrets" in conf
     full = image_pip_conf(CREDENTIALED, credentials=True)
     assert f"https://__token__:{TOKEN}@mirror.example/simple" in full and f"https://{TOKEN}@extra.example" in full
 
 
-def test_settings_without_credentials_give_todays_pip_conf():
-    host = HostPip(index_url="https://mirror.example/simple", extra_index_urls=("file:///x",),
+@pytest.mark.parametrize("url", ["https://pkgs.example.com/7f3a9c2e5b1d4a60/simple",  # Gemfury, Artifactory
+                                 "https://pkgs.example.com/simple?token=7f3a9c2e5b1d",
+                                 "https://mirror.example/simple"])
+def test_a_url_with_a_token_in_its_path_or_query_is_a_secret_too(url):
+    host = HostPip(extra_index_urls=(url,))
+    assert host.has_credentials
+    assert "example" not in image_pip_conf(host) and url in image_pip_conf(host, credentials=True)
+
+
+def test_settings_without_secrets_give_todays_pip_conf():
+    host = HostPip(index_url="https://pypi.org/simple", extra_index_urls=("https://download.pytorch.org/whl/cpu",
+                                                                         "file:///x"),
                    find_links=("/opt/wheels",))
     assert not host.has_credentials and not HostPip().has_credentials
     assert image_pip_conf(host) == image_pip_conf(host, credentials=True) == host.pip_conf(None, "/lab/wheels")
+    assert "extra-index-url = https://download.pytorch.org/whl/cpu" in image_pip_conf(host)
 
 
-def test_the_run_folder_gets_the_pip_conf_without_credentials(tmp_path: Path):
+def test_the_run_folder_gets_the_pip_conf_without_secret_urls(tmp_path: Path):
     case = resolve(load_scenario("libgomp-amd64", SCENARIOS))
     plan = plan_build(case, CREDENTIALED, installer=None)
     write_context_folder(tmp_path, plan)
     write_scenario(tmp_path, plan.case, None)
     written = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
-    assert TOKEN.encode() not in written
-    assert "https://mirror.example/simple" in (tmp_path / "lab" / "pip.conf").read_text()
+    assert TOKEN.encode() not in written and b"mirror.example" not in written
     assert plan.digest == plan_build(case, replace(CREDENTIALED, index_url="https://__token__:other@mirror.example/"
                                                    "simple"), installer=None).digest  # a new token: same image
+    assert plan.digest != plan_build(case, replace(CREDENTIALED, index_url="https://other.example/simple"),
+                                     installer=None).digest  # another index: another image
 
 
 class FakeEngine:
@@ -125,11 +139,12 @@ def test_credentials_reach_the_build_through_the_one_shot_url_and_the_hosts_netw
     assert call["served"] == image_pip_conf(CREDENTIALED, credentials=True)
     assert TOKEN not in call["buildargs"][PIP_CONF_URL_ARG]
     log = (tmp_path / "build.log").read_text()
-    assert TOKEN not in log and "https://mirror.example/simple" in log and "MY_SERVICE_TOKEN=***" in log
+    assert TOKEN not in log and "mirror.example/simple" not in log and "MY_SERVICE_TOKEN=***" in log
+    assert "Looking in indexes: https://mirror.example/…" in log  # the whole URL is a secret: its host only
 
 
-def test_without_credentials_the_build_is_todays(no_base):
-    host = HostPip(index_url="https://mirror.example/simple", proxies=(("HTTPS_PROXY", "http://proxy:3128"),))
+def test_without_secrets_the_build_is_todays(no_base):
+    host = HostPip(index_url="https://pypi.org/simple", proxies=(("HTTPS_PROXY", "http://proxy:3128"),))
     engine = FakeEngine()
     build_image(plan_for(host), engine, host)
     assert engine.calls[0]["buildargs"] == {"HTTPS_PROXY": "http://proxy:3128"}
@@ -154,7 +169,7 @@ def test_a_failed_build_reports_no_credential(no_base, tmp_path):
         build_image(plan_for(CREDENTIALED), FakeEngine(fail_with=error), CREDENTIALED,
                     log_path=tmp_path / "build.log")
     assert TOKEN not in str(caught.value) and TOKEN not in caught.value.log
-    assert "https://mirror.example/simple/x/" in str(caught.value)
+    assert "https://mirror.example/…" in str(caught.value) and "simple/x" not in str(caught.value)
     assert TOKEN not in (tmp_path / "build.log").read_text()
 
 

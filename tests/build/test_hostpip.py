@@ -33,14 +33,16 @@ def test_ca_bundle_from_ssl_cert_file_and_missing_file_ignored(tmp_path: Path):
     assert discover({"HOME": str(tmp_path), "PIP_CERT": str(tmp_path / "nope")}).ca_bundle is None
 
 
-def test_pip_conf_for_the_image_keeps_remote_settings_and_replaces_local_ones():
-    host = HostPip(index_url="https://mirror.example/simple",
-                   extra_index_urls=("https://a.example/simple", "file:///opt/pypi/simple"),
+def test_pip_conf_for_the_image_keeps_public_remote_settings_and_replaces_local_ones():
+    host = HostPip(index_url="https://pypi.org/simple",
+                   extra_index_urls=("https://download.pytorch.org/whl/cpu", "https://a.example/simple",
+                                     "file:///opt/pypi/simple"),
                    find_links=("/opt/wheels",), trusted_hosts=("mirror.example",))
     conf = host.pip_conf("/etc/lab/ca.crt", "/lab/wheels")
     assert "cert = /etc/lab/ca.crt" in conf
-    assert "index-url = https://mirror.example/simple" in conf
-    assert "extra-index-url = https://a.example/simple\n" in conf
+    assert "index-url = https://pypi.org/simple" in conf
+    assert "extra-index-url = https://download.pytorch.org/whl/cpu\n" in conf  # a.example's URL is a secret
+    assert "a.example" not in conf
     assert "find-links = /lab/wheels\n" in conf
     assert "/opt/" not in conf
     assert "cert" not in HostPip().pip_conf(None, "/lab/wheels")

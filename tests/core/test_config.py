@@ -183,6 +183,16 @@ def test_lab_config_prints_each_key_with_its_source(tmp_path):
     assert "runs_dir" in text.stdout and "project file" in text.stdout and "engines" in text.stdout
 
 
+def test_lab_config_names_a_secret_mirror_redacted(tmp_path):
+    mirror = "http://u:7f3aMIRRORtok9c@mirror.corp/7f3aMIRRORpath9c/debian"
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "LAB_DEBIAN_MIRROR": mirror}
+    data = last_json(run_lab("config", "--json", cwd=tmp_path, env=env).stdout)
+    row = next(r for r in data["settings"] if r["key"] == "mirrors.debian")
+    assert row["value"] == row["display"] == "http://mirror.corp/…"
+    text = run_lab("config", cwd=tmp_path, env=env)
+    assert text.returncode == 0 and "7f3aMIRROR" not in text.stdout + text.stderr
+
+
 def test_a_bad_config_file_is_one_paragraph_and_exit_2(tmp_path):
     (tmp_path / "lab.toml").write_text('default_arch = "sparc"\n')
     proc = run_lab("render", "libgomp-amd64", cwd=tmp_path, env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})

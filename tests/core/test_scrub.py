@@ -14,8 +14,13 @@ from lab.core.scrub import (
     MASK,
     home_to_tilde,
     is_secret_name,
+    is_secret_url,
+    redact_secrets,
+    redact_url,
+    redact_urls,
     scrub_env,
     scrub_text,
+    secret_urls,
     secret_values,
     strip_url_credentials,
 )
@@ -203,3 +208,75 @@ def test_planted_secret_never_survives(secret: str, prefix: str, suffix: str, na
     env = {name: secret, "HOME": "/home/ana", "PATH": "/usr/bin"}
     text = prefix + wrap.format(secret, secret) + suffix
     assert secret not in scrub_text(text, env=env)
+
+
+# --------------------------------------------------------------------------- index and mirror URLs (issue 33)
+
+USERINFO = "https://ana:7f3aUSERtok9c2e@pkgs.example.com/simple"
+PATH = "https://pkgs.example.com:8443/7f3aPATHtok9c2e5b1d/simple/"           # Gemfury, Artifactory
+QUERY = "https://links.example.org/wheels/?token=7f3aQUERYtok9c2e&x=1"
+
+
+@pytest.mark.parametrize("url,redacted", [
+    (USERINFO, "https://pkgs.example.com/…"),
+    (PATH, "https://pkgs.example.com:8443/…"),
+    (QUERY, "https://links.example.org/…"),
+    ("http://mirror.corp/debian", "http://mirror.corp/…"),           # no token at all: still a secret
+    ("https://[::1]:3141/root/pypi/+simple/", "https://[::1]:3141/…"),
+    ("https://pypi.org/simple?token=x1", "https://pypi.org/…"),     # a public host with a query
+    ("https://__token__:x@download.pytorch.org/whl/cpu", "https://download.pytorch.org/…"),
+])
+def test_a_whole_index_or_mirror_url_is_a_secret(url, redacted):
+    assert is_secret_url(url)
+    assert redact_url(url) == redacted
+
+
+@pytest.mark.parametrize("url", ["https://pypi.org/simple", "https://download.pytorch.org/whl/cpu",
+                                 "http://deb.debian.org/debian", "/opt/wheels", "file:///opt/pypi/simple",
+                                 "not a url", ""])
+def test_bare_public_urls_and_local_folders_are_not_secrets(url):
+    assert not is_secret_url(url) and redact_url(url) == url
+
+
+@pytest.mark.parametrize("secret", [USERINFO, PATH, QUERY])
+def test_every_url_on_a_secret_urls_host_is_redacted_in_a_text(secret):
+    text = ("Looking in indexes: https://ana:****@pkgs.example.com/simple, "
+            "https://pkgs.example.com:8443/7f3aPATHtok9c2e5b1d/simple/\n"
+            "  Fetched page https://pkgs.example.com:8443/7f3aPATHtok9c2e5b1d/simple/torch/ (as HTML)\n"
+            "GET https://links.example.org/wheels/?token=7f3aQUERYtok9c2e&x=1.\n"
+            "also https://pypi.org/simple/torch/ and https://pkgs.example.com.evil/x and http://links.example.org:81/y\n")
+    out = redact_urls(text, [secret])
+    host = secret.split("/")[2].rsplit("@", 1)[-1]
+    assert host + "/…" in out
+    for piece in ("7f3aUSERtok9c2e", "7f3aPATHtok9c2e5b1d", "7f3aQUERYtok9c2e", "ana:"):
+        if piece.split(":")[0] in secret:
+            assert piece not in out
+    # other hosts, and another port of the same host, are left alone
+    assert "https://pypi.org/simple/torch/" in out and "https://pkgs.example.com.evil/x" in out
+    assert "http://links.example.org:81/y" in out
+
+
+def test_a_secret_urls_pieces_are_masked_outside_a_url_too():
+    text = ("apt list: pkgs.example.com:8443_7f3aPATHtok9c2e5b1d_simple_Packages; token 7f3aQUERYtok9c2e; "
+            "ana 7f3aUSERtok9c2e")
+    out = redact_urls(text, [USERINFO, PATH, QUERY])
+    assert "7f3aPATHtok9c2e5b1d" not in out and "7f3aQUERYtok9c2e" not in out and "7f3aUSERtok9c2e" not in out
+    assert "_simple_Packages" in out  # short, word-like segments stay
+
+
+def test_secret_urls_come_from_pips_settings_and_the_debian_mirror(tmp_path):
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nindex-url = {USERINFO}\nfind-links = /opt/wheels {QUERY}\n")
+    env = {"HOME": str(tmp_path), "PIP_CONFIG_FILE": str(conf),
+           "PIP_EXTRA_INDEX_URL": f"https://pypi.org/simple {PATH}", "LAB_DEBIAN_MIRROR": "http://u:7f3aMIRRORtok9c@mirror.corp/debian"}
+    assert set(secret_urls(env)) == {USERINFO, PATH, QUERY, "http://u:7f3aMIRRORtok9c@mirror.corp/debian"}
+    text = f"{USERINFO} {PATH} {QUERY} http://mirror.corp/debian/dists/bookworm/InRelease"
+    out = redact_secrets(text, env)
+    assert out == ("https://pkgs.example.com/… https://pkgs.example.com:8443/… https://links.example.org/… "
+                   "http://mirror.corp/…")
+    assert scrub_text(text, env, home=str(tmp_path)) == out
+
+
+def test_a_sentence_keeps_its_punctuation_after_a_redacted_url():
+    assert redact_urls(f"could not read {PATH}.", [PATH]) == "could not read https://pkgs.example.com:8443/…."
+    assert redact_urls(f"({PATH}), next", [PATH]) == "(https://pkgs.example.com:8443/…), next"

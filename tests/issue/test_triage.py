@@ -123,3 +123,20 @@ def test_an_edited_scenario_runs_its_steps_again_and_says_why(tmp_path):
     go()
     assert calls[len(first):] == first  # the run, the newest release's run and the bisection
     assert "torch 2.5.1 runs again: the scenario changed since (expect)" in notes
+
+
+def test_the_comment_names_no_path_of_the_users(tmp_path):
+    """Issue 33: the comment for the upstream issue names a saved page by its file's name and the run
+    folders relative to the runs folder, even where a step's error quotes them."""
+    runs = tmp_path / "home" / "runs"
+    page = tmp_path / "home" / "Downloads" / "issue-147282.html"
+    run_dirs = {t: runs / "s" / f"20260101T00000{i}Z-torch{t}-amd64" for i, t in enumerate(("2.5.1", "2.15.0"))}
+    state = run_triage(TriageState(source=str(page)), tmp_path / "t", make_scenario=_make(tmp_path),
+                       run=lambda y, t, a: RunStep(t, a, "reproduced" if t == "2.5.1" else "not_reproduced",
+                                                   run_dir=str(run_dirs[t])),
+                       bisect=lambda *a: BisectStep("found", "2.6.0", "2.7.0"), newest=lambda arch: "2.15.0",
+                       compare=compare_seam())
+    assert str(run_dirs["2.5.1"]) in state.compare["why"]  # the folders are absent: the error quotes them
+    comment = (tmp_path / "t" / "comment.md").read_text()
+    assert str(tmp_path) not in comment and "lab triage issue-147282.html" in comment
+    assert "s/20260101T000000Z-torch2.5.1-amd64" in comment
