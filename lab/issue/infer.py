@@ -163,6 +163,11 @@ def _defined(tree: ast.AST) -> set[str]:
     return names
 
 
+def _imported(tree: ast.AST) -> set[str]:
+    return {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+
 def _undefined(code: str) -> set[str]:
     try:
         tree = ast.parse(code)
@@ -175,7 +180,9 @@ def _undefined(code: str) -> set[str]:
 def _merge_definitions(code: str, chosen: Block, found: list[Block], fixups: list[str]) -> str:
     """Names the block uses but another Python block of the page defines: that block goes first. A
     later block that uses what this one defines (a class, then "test with") goes after it."""
-    defined = _defined(ast.parse(code))
+    # what the block defines, not the modules it imports: a later block that only uses `torch` or `nn`
+    # is another snippet (72594's "if I remove nn.Sequential ..."), not the rest of this one
+    defined = _defined(ast.parse(code)) - _imported(ast.parse(code))
     users = [b for b in found if b.index > chosen.index and b.kind in (Kind.SCRIPT, Kind.PYTHON)
              and (_undefined(b.code) & defined)]
     for b in users:
