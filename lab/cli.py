@@ -656,6 +656,9 @@ def bisect_cmd(
         err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
         for line in boundary_lines(result):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
+        if result.signature is not None:  # an exit-code-only scenario: every failure held to the first one's
+            err.print(f"failures held to the signature torch {result.signature_from} recorded first: "
+                      f"{result.signature.words()} ({run.folder / 'signature.json'})", markup=False, soft_wrap=True)
         err.print(f"report: {run.folder / 'bisect.md'}")
         if as_json:
             out.print(json.dumps(result.to_json()), markup=False)

@@ -211,7 +211,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
             with clock("collect_env"):
                 collected = collected_beside() if collected_beside else _collect_env(engine, image, case, events)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
-                          read_text(raw.stderr_path), diagnostics)
+                          read_text(raw.stderr_path), diagnostics, script=case.scenario.script.name)
         rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image,
                                base=None if local else image.base,
                                collect_env=collected, diagnostics=diagnostics,

@@ -7,12 +7,20 @@ container killed for memory or for filling /out, torch that does not import) are
 a different crash is not a reproduction. Nor is it an absence of the bug: a run whose
 expectations fail while the script itself failed (an exception, a non-zero exit) is
 `failed_differently`, with the scenario's signature and the run's side by side.
+
+A failure of the script's own code (a NameError, SyntaxError or ImportError raised in the script:
+pasted output run as code, an API an older release lacks) is never `reproduced` through an exit code
+alone: it is `failed_differently` unless the scenario names that exception, or another expectation
+(printed output, a duplicate runtime, another exception) held apart from it. `expect.signature` (an
+exception type and torch frame, or a signal) must match how the run failed (lab.analyze.signature).
 """
 
 from __future__ import annotations
 
 from lab.analyze.dynamo import plural
 from lab.analyze.evidence import Evidence
+from lab.analyze.signature import observed as observed_failure
+from lab.analyze.signature import own_code_error, script_line
 from lab.core.records import STOPPED_OUT_FULL
 from lab.core.results import Check, FailureSignatures, Judgement, Verdict
 from lab.scenario.schema import Expect
@@ -34,8 +42,15 @@ def build_failed(message: str) -> Judgement:
     return Judgement(verdict=Verdict.ERROR, reason=f"the image build failed: {message}")
 
 
-def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=None) -> Judgement:
-    """`diagnostics` (lab.dynamo.Diagnostics) is needed only for `graph_breaks`."""
+def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=None,
+          script: str | None = None) -> Judgement:
+    """`diagnostics` (lab.dynamo.Diagnostics) is needed only for `graph_breaks`; `script` is the
+    scenario's script file name, to tell a failure of its own code from a failure in torch."""
+    judgement = _judge(ev, expect, stdout, stderr, diagnostics, script)
+    return judgement.model_copy(update={"signature": observed_failure(ev)})
+
+
+def _judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics, script: str | None) -> Judgement:
     checks = tuple(_checks(ev, expect, stdout, stderr, diagnostics))
     if ev.timed_out:
         return _judgement(Verdict.TIMEOUT, f"killed after {ev.duration_s:.0f} s: the run timed out", checks)
@@ -52,15 +67,48 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
         return _judgement(Verdict.ERROR, "graph_breaks needs torch._dynamo.explain's count, and the "
                                         "diagnose step gave none (see diagnose/stderr.txt)", checks)
     failed = [c for c in checks if not c.held]
-    if not failed:
+    own = own_code_error(ev, script) if script_failed(ev) else None
+    if own is not None and _names(expect, own):
+        own = None  # the scenario expects this very exception: it is the bug's
+    if not failed and (own is None or any(_independent(c, own, ev, expect) for c in checks)):
         return _judgement(Verdict.REPRODUCED, "every expectation held: " +
                          "; ".join(f"{c.key} ({c.observed})" for c in checks), checks)
     if script_failed(ev):
         pair = FailureSignatures(expected=expected_signature(expect), observed=observed_signature(ev))
-        return Judgement(verdict=Verdict.FAILED_DIFFERENTLY, checks=checks, different=pair,
-                         reason=f"failed differently: expected {pair.expected}; observed {pair.observed}")
+        if own is not None:
+            why = (f"failed differently: the script's own code failed ({own.headline[:200]}, "
+                   f"{script_line(own)}), which is not the scenario's failure")
+            why += "; " + ("every expectation held only through that failure" if not failed else
+                           "; ".join(f"{c.key}: expected {c.expected}, observed {c.observed}" for c in failed))
+        else:
+            why = f"failed differently: expected {pair.expected}; observed {pair.observed}"
+        return Judgement(verdict=Verdict.FAILED_DIFFERENTLY, checks=checks, different=pair, reason=why)
     return _judgement(Verdict.NOT_REPRODUCED, "; ".join(
         f"{c.key}: expected {c.expected}, observed {c.observed}" for c in failed), checks)
+
+
+def _names(expect: Expect, exc) -> bool:
+    """Whether the scenario's expectation names the exception `exc` (its type, in traceback_contains
+    or the signature): then a NameError or ImportError is the bug, not the script's own failure."""
+    wanted = [expect.traceback_contains or ""]
+    if expect.signature is not None and expect.signature.exception:
+        wanted.append(expect.signature.exception)
+    return any(exc.name in text for text in wanted)
+
+
+def _independent(check: Check, own, ev: Evidence, expect: Expect) -> bool:
+    """Whether a held check stands apart from the script's own failure (`own`): output, a duplicate
+    runtime, a graph-break count, or another exception. An exit code, or text found only in the own
+    failure's traceback, does not."""
+    if not check.held:
+        return False
+    if check.key == "exit_code":
+        return False
+    if check.key == "traceback_contains":
+        return any(expect.traceback_contains in f"{e.type}: {e.message}" for e in ev.exceptions if e is not own)
+    if check.key == "stderr_contains":
+        return expect.stderr_contains not in f"{own.type}: {own.message}"
+    return check.key != "signature"
 
 
 def script_failed(ev: Evidence) -> bool:
@@ -81,6 +129,8 @@ def expected_signature(expect: Expect) -> str:
         parts.append(f"stderr containing {expect.stderr_contains!r}")
     if expect.graph_breaks is not None:
         parts.append(plural(expect.graph_breaks, "graph break"))
+    if expect.signature is not None:
+        parts.append(expect.signature.as_failure().words())
     if expect.exit_code is not None:
         parts.append(f"exit code {_codes(expect.exit_codes)}")
     return ", ".join(parts) or "no expectation"
@@ -142,9 +192,14 @@ def _checks(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics)
         observed = "unknown: explain gave no result" if count is None else plural(count, "graph break")
         yield _check("graph_breaks_min", f"at least {expect.graph_breaks_min}", observed,
                      count is not None and count >= expect.graph_breaks_min)
+    if expect.signature is not None:
+        wanted = expect.signature.as_failure()
+        seen = observed_failure(ev)
+        yield _check("signature", wanted.words(), "no failure" if seen is None else seen.words(),
+                     wanted.matches(seen))
     if expect.exit_code is not None:
-        observed = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
-        yield _check("exit_code", _codes(expect.exit_codes), observed, ev.exit_code in expect.exit_codes)
+        observed_code = "none (killed)" if ev.exit_code is None else str(ev.exit_code)
+        yield _check("exit_code", _codes(expect.exit_codes), observed_code, ev.exit_code in expect.exit_codes)
 
 
 def _codes(codes: tuple[int, ...]) -> str:

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 
 from lab.build.resolve import Case
 
-RULES_VERSION = 1  # bump when the templates' or the judging rules' meaning changes without a file change
+# Bump when the templates' or the judging rules' meaning changes without a file change.
+# 2: a failure of the script's own code (NameError, ImportError...) is not reproduced by an exit code alone.
+RULES_VERSION = 2
 KEY_FORMAT = 1
 
 PARTS = ("case", "scenario", "script", "expect", "vars", "base", "deps", "lab")
@@ -47,6 +49,13 @@ PART_WORDS = {"case": "torch, arch, backend or mode", "scenario": "env, args, ti
 class ContentKey:
     digest: str                                  # sha256 hex over every part
     parts: Mapping[str, str] = field(default_factory=dict)  # part -> its own sha256 (16 hex digits)
+
+    @property
+    def scenario_part(self) -> str:
+        """A hash of every part but `case` (torch, arch, backend, mode): what the probes of one
+        bisection share."""
+        return hashlib.sha256("".join(f"{n}\0{self.parts.get(n, '')}\n" for n in PARTS if n != "case")
+                              .encode()).hexdigest()[:32]
 
     def differs(self, digest: str | None, parts: Mapping[str, str] | None) -> str | None:
         """None when a recorded key (`digest`, `parts`) is this one; else why not, in words."""

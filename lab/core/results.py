@@ -139,6 +139,41 @@ class FailureSignatures(Record):
     observed: str   # how this run failed: its exception, exit code and duplicate runtimes
 
 
+class FailureSignature(Record):
+    """How a failing run failed, in the terms PyTorch's minifier compares (`check_str`): the final
+    exception's type and the innermost torch frame it went through (`torch/_inductor/graph.py in
+    run_node`), or the signal that killed the process. The frame is None when no torch frame was on
+    the stack (the script raised it itself)."""
+
+    exception: str | None = None   # unqualified type: RuntimeError, Unsupported
+    frame: str | None = None       # innermost torch frame, `torch/<path> in <function>`
+    signal: str | None = None      # SIGSEGV, SIGABRT... (a crash, not an exception)
+
+    def words(self) -> str:
+        if self.signal:
+            return f"killed by {self.signal}"
+        if self.exception:
+            return self.exception + (f" in {self.frame}" if self.frame else " (no torch frame)")
+        return "no exception and no signal"
+
+    def matches(self, observed: FailureSignature | None) -> bool:
+        """Whether `observed` is this failure: the same signal; or the same exception type and, when
+        this one names a frame, a frame with the same file or the same function (a release that
+        moves or renames one of them is still the same failure; one that changes both is not)."""
+        if observed is None:
+            return False
+        if self.signal or observed.signal:
+            return self.signal == observed.signal
+        if self.exception != observed.exception:
+            return False
+        if not self.frame:
+            return True
+        if not observed.frame:
+            return False
+        mine, theirs = self.frame.partition(" in "), observed.frame.partition(" in ")
+        return mine[0] == theirs[0] or (bool(mine[2]) and mine[2] == theirs[2])
+
+
 class TorchBuild(Record):
     """The torch the image really has, from its `torch/version.py`: the release and the commit it
     was built from (`torch.version.git_version`), so a boundary maps onto the source."""
@@ -153,6 +188,7 @@ class Judgement(Record):
     reason: str
     checks: tuple[Check, ...] = ()
     different: FailureSignatures | None = None   # set when the verdict is failed_differently
+    signature: FailureSignature | None = None    # how the script failed, when it failed
 
 
 class DuplicateRuntimeRef(Record):
@@ -294,6 +330,7 @@ class RunResult(Document):
     torch_build: TorchBuild | None = None                 # torch/version.py of the image
     content_key: str | None = None      # lab.build.casekey: what the run was made from (reuse only the same)
     content_parts: dict[str, str] | None = None   # each part's own hash, to say which one changed
+    signature: FailureSignature | None = None             # how the script failed, when it failed
 
 
 class UnfinishedRun(Document):
@@ -510,6 +547,10 @@ class BisectResult(Document):
     resume: str | None = None
     # how probes that failed differently were counted (`--failed-differently`), and which they were
     failed_differently: Outcome = SKIP
+    # a scenario that expects only an exit code: the failure its first failing probe recorded (in the
+    # folder's signature.json), which every later probe that fails must match, and that probe's release
+    signature: FailureSignature | None = None
+    signature_from: str | None = None
     source: SourceBoundary | None = None          # the boundary's commits, compare link, git bisect line
     compare: tuple[str, ...] = ()                 # the compare summary of the boundary pair (lab compare)
     localization: str | None = None               # the bad boundary release localized (lab.drivers.localize)
@@ -592,6 +633,10 @@ class MatrixResult(Document):
     scenario: str
     cells: tuple[MatrixCell, ...]
     folder: str | None = None   # runs/<scenario>/matrix-<timestamp>/: matrix.json and report.html
+    # a scenario that expects only an exit code: the first failing run's signature, which every other
+    # run that failed had to match (else failed_differently), and the cell it came from
+    signature: FailureSignature | None = None
+    signature_from: str | None = None
 
 
 # --- an ablation: ablation.json and `lab run --ablate --json` --------------------------------------

@@ -26,7 +26,19 @@ from lab.build.resolve import base_python, parse_arch, resolve
 from lab.cache_policy import inventory as cache_policy
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
-from lab.core.results import AMBIGUOUS, FOUND, RESULT_NAME, SKIP, RunResult, SourceBoundary, read_result
+from lab.core.results import (
+    AMBIGUOUS,
+    FOUND,
+    RESULT_NAME,
+    SKIP,
+    FailureSignature,
+    FailureSignatures,
+    Record,
+    RunResult,
+    SourceBoundary,
+    outcome_of,
+    read_result,
+)
 from lab.drivers.bisect import BisectResult, Probe, bisect
 from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
 from lab.engine.docker_engine import Engine
@@ -147,6 +159,13 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
 
     parallel = fleet is not None and fleet.slots > 1
     lock = threading.Lock()  # the cache cap and the callbacks, one probe at a time
+    keeper = None
+    if scenario.expect.exit_code_only:
+        made_from = content_key(resolve(scenario, torch=old, arch=arch, sets=sets)).scenario_part
+        keeper = SignatureKeeper(folder, made_from)
+        if keeper.dropped:
+            events("bisect", f"{SIGNATURE_NAME} was recorded from another version of the scenario; "
+                             "the first probe that reproduces now records it again")
 
     def attempt(version: str, run_dir: Path, on: Engine, emulated: bool | None, say: Events) -> Probe:
         if run_dir.exists():  # interrupted or failed before a verdict: start it again
@@ -161,6 +180,9 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             if outcome.result.verdict.value in ("error", "timeout") and fleet is not None and not on.alive():
                 raise EngineGone(f"the engine {on.name} stopped answering ({outcome.result.reason})")
             p = _probe_from(version, outcome.result, run_dir, failed_differently=failed_differently)
+            if keeper is not None:
+                with lock:
+                    p = keeper.check(p, outcome.result, failed_differently)
             image = outcome.result.image
             if not keep_images and image is not None and not image.cached and outcome.result.local is None:
                 say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
@@ -182,6 +204,9 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             why = stale(version, previous)
             if why is None:
                 p = _probe_from(version, previous, run_dir, failed_differently=failed_differently)
+                if keeper is not None:
+                    with lock:
+                        p = keeper.check(p, previous, failed_differently)
                 if on_probe:
                     with lock:
                         on_probe(p, True)
@@ -219,6 +244,12 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     result = searched.model_copy(update={
         "scenario": scenario.name, "arch": arch, "candidates": tuple(found), "folder": str(folder),
         "resume": resume, "failed_differently": failed_differently})
+    if keeper is not None and keeper.signature is not None:
+        result = result.model_copy(update={
+            "signature": keeper.signature, "signature_from": keeper.source, "notes": (*result.notes, (
+                f"the scenario expects only an exit code, so every failing probe was held to the failure "
+                f"torch {keeper.source} recorded first ({keeper.signature.words()}, in {SIGNATURE_NAME}); "
+                "pin it in the scenario as expect.signature"))})
     result = at_the_boundary(result)
     bad = _bad_release(result) if localize else None
     if bad is not None:
@@ -311,3 +342,61 @@ def _probe_from(version: str, result: RunResult, run_dir: Path, engine: str | No
                         emulated=result.emulated, failed_differently=failed_differently,
                         git_version=result.torch_build.git_version if result.torch_build else None,
                         different_failure=result.different_failure)
+
+
+SIGNATURE_NAME = "signature.json"
+
+
+class SignatureKeeper:
+    """The failure signature of a bisection whose scenario expects only an exit code (any failure would
+    hold). The first probe that reproduces writes its signature into the bisection's folder
+    (`signature.json`, with the release it came from); every probe after it, resumed ones included,
+    that reproduces with another signature is `failed_differently`, which the bisection skips (or counts
+    as `--failed-differently` says), as PyTorch's minifier rejects a candidate that fails with another
+    error. The file is the bisection's own, shown in bisect.md and bisect.json, never a global state."""
+
+    def __init__(self, folder: Path, made_from: str) -> None:
+        """`made_from`: the scenario's content key without its torch, arch, backend and mode
+        (`ContentKey.scenario_part`): a signature recorded from another script, expect or vars is
+        dropped, as the probes made from them are run again."""
+        self.path = folder / SIGNATURE_NAME
+        self.made_from = made_from
+        self.signature: FailureSignature | None = None
+        self.source: str | None = None
+        self.dropped = False
+        if self.path.is_file():
+            kept = KeptSignature.model_validate_json(self.path.read_text(encoding="utf-8"))
+            if kept.made_from == made_from:
+                self.signature, self.source = kept.signature, kept.torch
+            else:
+                self.path.unlink()
+                self.dropped = True
+
+    def check(self, probe: Probe, result: RunResult, failed_differently: str) -> Probe:
+        if probe.verdict != "reproduced" or result.signature is None and self.signature is None:
+            return probe
+        if self.signature is None:
+            self.signature, self.source = result.signature, probe.version
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(KeptSignature(signature=result.signature, torch=probe.version, made_from=self.made_from)
+                           .model_dump_json(indent=2) + "\n", encoding="utf-8")
+            tmp.replace(self.path)
+            return probe
+        if self.signature.matches(result.signature):
+            return probe
+        seen = "no exception and no signal" if result.signature is None else result.signature.words()
+        pair = FailureSignatures(expected=f"{self.signature.words()} (recorded from torch {self.source})",
+                                 observed=seen)
+        return probe.model_copy(update={
+            "verdict": "failed_differently", "outcome": outcome_of("failed_differently", failed_differently),
+            "different_failure": pair,
+            "reason": (f"failed differently: exit code as expected, but {seen}, not the failure torch "
+                       f"{self.source} recorded ({self.signature.words()})")})
+
+
+class KeptSignature(Record):
+    """signature.json of a bisection folder."""
+
+    signature: FailureSignature
+    torch: str
+    made_from: str | None = None   # ContentKey.scenario_part of the scenario it was recorded from

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from lab.build.resolve import Case, resolve
 from lab.core.errors import ScenarioError
-from lab.core.results import MatrixCell, MatrixResult, MatrixRun, RunResult
+from lab.core.results import (
+    FailureSignature,
+    FailureSignatures,
+    MatrixCell,
+    MatrixResult,
+    MatrixRun,
+    RunResult,
+    Verdict,
+)
 from lab.drivers.parallel import run_all
 from lab.scenario.schema import Scenario
 
@@ -195,12 +203,41 @@ def run_matrix(cases: list[Case], run_one: Callable[[Case, int], RunResult], rep
 
     for (cell, _), result in zip(tasks, run_all(tasks, one, workers, on_interrupt), strict=True):
         cell.results.append(result)
+    if cells and cells[0].case.scenario.expect.exit_code_only:
+        hold_to_first_signature(cells)
     return cells
+
+
+def hold_to_first_signature(cells: list[Cell]) -> tuple[FailureSignature, str] | None:
+    """A scenario that expects only an exit code, where any failure would hold: the first run, in cell
+    and repeat order, that reproduced with a signature (an exception and its torch frame, or a signal)
+    sets the matrix's signature, and every other run that reproduced with another one becomes
+    `failed_differently`, as PyTorch's minifier rejects a candidate that fails with another error.
+    The signature and its run go into matrix.json (`signature`, `signature_from`)."""
+    first = next(((r.signature, r.case) for c in cells for r in c.results
+                  if r.verdict == Verdict.REPRODUCED and r.signature is not None), None)
+    if first is None:
+        return None
+    signature, source = first
+    for cell in cells:
+        for i, r in enumerate(cell.results):
+            if r.verdict != Verdict.REPRODUCED or signature.matches(r.signature):
+                continue
+            seen = "no exception and no signal" if r.signature is None else r.signature.words()
+            cell.results[i] = r.model_copy(update={
+                "verdict": Verdict.FAILED_DIFFERENTLY,
+                "different_failure": FailureSignatures(expected=f"{signature.words()} (recorded from {source})",
+                                                       observed=seen),
+                "reason": (f"failed differently: exit code as expected, but {seen}, not the failure "
+                           f"{source} recorded first ({signature.words()})")})
+    return signature, source
 
 
 def matrix_result(scenario: Scenario, cells: list[Cell]) -> MatrixResult:
     """`lab run --json` of a matrix."""
-    return MatrixResult(scenario=scenario.name, cells=tuple(c.record() for c in cells))
+    kept = hold_to_first_signature(cells) if scenario.expect.exit_code_only else None
+    return MatrixResult(scenario=scenario.name, cells=tuple(c.record() for c in cells),
+                        signature=kept[0] if kept else None, signature_from=kept[1] if kept else None)
 
 
 MATRIX_JSON = "matrix.json"

@@ -9,13 +9,14 @@ import builtins
 import re
 import sys
 from dataclasses import dataclass, field
+from datetime import date
 
 from packaging.version import Version
 
 from lab.core.arch import Arch
 from lab.issue import releases
 from lab.issue.fetch import IssueError, IssuePage
-from lab.issue.parse import Block, Kind, blocks
+from lab.issue.parse import Block, Kind, blocks, named_versions
 
 __all__ = ["Fact", "Inference", "infer"]
 
@@ -120,6 +121,10 @@ def _script(page: IssuePage, found: list[Block], facts: list[Fact], fixups: list
     code = chosen.code
     if chosen.prompts:
         fixups.append(f"script (line {chosen.line}): removed the >>> and ... prompts of an interactive session")
+    if chosen.output:
+        n = chosen.output.count("\n") + 1
+        fixups.append(f"script (line {chosen.output_line}): left out the {n} line{'s' if n > 1 else ''} of output "
+                      "pasted under the code in the same block: they are what the page saw, not code to run")
     if "(IPython magic, commented out by the lab)" in code:
         fixups.append(f"script (line {chosen.line}): commented out IPython magics (%, !)")
     before = len(fixups)
@@ -158,6 +163,11 @@ def _defined(tree: ast.AST) -> set[str]:
     return names
 
 
+def _imported(tree: ast.AST) -> set[str]:
+    return {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+
 def _undefined(code: str) -> set[str]:
     try:
         tree = ast.parse(code)
@@ -170,7 +180,9 @@ def _undefined(code: str) -> set[str]:
 def _merge_definitions(code: str, chosen: Block, found: list[Block], fixups: list[str]) -> str:
     """Names the block uses but another Python block of the page defines: that block goes first. A
     later block that uses what this one defines (a class, then "test with") goes after it."""
-    defined = _defined(ast.parse(code))
+    # what the block defines, not the modules it imports: a later block that only uses `torch` or `nn`
+    # is another snippet (72594's "if I remove nn.Sequential ..."), not the rest of this one
+    defined = _defined(ast.parse(code)) - _imported(ast.parse(code))
     users = [b for b in found if b.index > chosen.index and b.kind in (Kind.SCRIPT, Kind.PYTHON)
              and (_undefined(b.code) & defined)]
     for b in users:
@@ -230,14 +242,34 @@ _TORCH_PATTERNS = (
     ("[pip3] torch==", re.compile(r"^\s*\[pip3?\]\s*torch\s*[=]=\s*" + _V)),
     ("[conda] pytorch", re.compile(r"^\s*\[conda\]\s*(?:py)?torch\s+" + _V)),
     ("torch==", re.compile(r"\btorch\s*==\s*" + _V)),
-    ("PyTorch Version", re.compile(r"(?i)\b(?:py)?torch\s+version\s*(?:\(e\.g\., 1\.0\))?\s*[:=-]\s*v?" + _V)),
+    ("PyTorch Version", re.compile(r"(?i)\b(?:py)?torch\s+version\s*(?:\([^)]*\))?\s*[:=-]\s*v?" + _V)),
     ("torch.__version__ output", re.compile(r"^\s*(?:torch(?: version)?:\s*)?" + _V + r"\s*$")),
     ("a version line", re.compile(r"^\s*(\d+\.\d+\.\d+(?:a0\+git\w+|\.dev\d+(?:\+\w+)?|\+\w+))\s*$")),
 )
 
 
+_MAIN_ON = re.compile(r"(?i)\b(?:nightly|main|master|trunk)\b\D{0,40}?\b(20\d\d)-?(\d\d)-?(\d\d)\b")
+
+
+def _main_on(lines: list[str], found: list[Block]) -> tuple[str, int, str] | None:
+    """A build from main named by its date (`nightly 2023-09-02`, `main (20230902)`): the release that
+    first shipped main's code of that day, by the release branch cuts."""
+    for i, text in enumerate(lines):
+        if m := _MAIN_ON.search(text):
+            try:
+                day = date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            except ValueError:
+                continue
+            if (shipped := releases.shipped_after(day)) is not None:
+                return shipped[0], i + 1, f"`{text.strip()[:80]}`: {shipped[1]}"
+    return None
+
+
 def _torch(page, lines, found, script, facts, fixups) -> str:
     raw, line, how = _find_torch(page, lines, found)
+    if raw is None and (main := _main_on(lines, found)) is not None:
+        facts.append(Fact("torch", main[0], main[1], main[2]))
+        return _minimums(main[0], script, facts, fixups)
     if raw is None and page.created is not None:
         current = releases.on_date(page.created)
         if current:
@@ -252,55 +284,13 @@ def _torch(page, lines, found, script, facts, fixups) -> str:
                           default=True))
         return _minimums(raw, script, facts, fixups)
     version, why = releases.normalize(raw)
-    later = _unaffected_before(raw, version, lines, found)
-    if later:
-        version, said = later
-        why = f"{why}, but {said}"
     facts.append(Fact("torch", version, line, how + (f"; {why}" if why else "")))
     return _minimums(version, script, facts, fixups)
-
-
-_VER_SAID = r"(?:v|torch\s*|pytorch\s*)?(\d+\.\d+)(?:\.\d+|\.x)?"
-_UNAFFECTED = (
-    re.compile(r"(?i)\b" + _VER_SAID + r"\s+(?:is|was|are|were)\s+(?:not affected|unaffected|fine|ok|okay|good|"
-               r"working|correct)\b"),
-    re.compile(r"(?i)\b(?:works?|worked)\s+(?:fine\s+|well\s+|correctly\s+|as expected\s+)?(?:on|with|in)\s+"
-               + _VER_SAID + r"\b"),
-    re.compile(r"(?i)\b(?:does\s?n[o']t|did\s?n[o']t|can\s?not|can't|could\s?n[o']t)\s+(?:reproduce|repro|happen|occur)"
-               r"\s+(?:on|with|in)\s+" + _VER_SAID + r"\b"),
-    re.compile(r"(?i)\bnot (?:affected|reproducible|reproduced|present) (?:on|with|in) " + _VER_SAID + r"\b"),
-)
 
 
 def _code_lines(found: list[Block]) -> set[int]:
     """The 0-based indexes of the page's lines inside its code blocks: what is not the author's prose."""
     return {i for b in found for i in range(b.line - 1, b.end_line)}
-
-
-def _unaffected_before(raw: str, chosen: str, lines: list[str], found: list[Block]) -> tuple[str, str] | None:
-    """A nightly or source build becomes the release before it, unless the page says that release line
-    is not affected (`I only observe this issue for nightly build. v2.3 is not affected`): then the bug
-    came with the nightly's own release, the first release of its version."""
-    try:
-        public = Version(Version(raw).public)
-    except Exception:  # noqa: BLE001 - not a version: nothing to move
-        return None
-    if not (public.is_prerelease or public.is_devrelease):
-        return None
-    own = releases.first_of(public.base_version)
-    if own is None or Version(own) <= Version(chosen):
-        return None
-    in_code = _code_lines(found)
-    minor = Version(chosen).release[:2]
-    for i, text in enumerate(lines):
-        if i in in_code:
-            continue
-        for pattern in _UNAFFECTED:
-            for m in pattern.finditer(text):
-                if Version(m.group(1)).release[:2] == minor:
-                    return own, (f"the page says {m.group(0).strip()!r} (line {i + 1}), so the bug came after "
-                                 f"{chosen}: {own}, the first release of {public.base_version}")
-    return None
 
 
 def _find_torch(page: IssuePage, lines: list[str], found: list[Block]):
@@ -453,12 +443,7 @@ def _pip(lines: list[str], script: str, torch_v: str, facts: list[Fact], fixups:
 
 
 def _page_pins(lines: list[str]) -> dict[str, tuple[str, int]]:
-    pins: dict[str, tuple[str, int]] = {}
-    for i, text in enumerate(lines):
-        m = re.match(r"\s*\[(?:pip3?|conda)\]\s*([A-Za-z0-9_.-]+)\s*(?:==|\s)\s*(\d[\w.+!-]*)", text)
-        if m and m.group(1).lower() not in pins:
-            pins[m.group(1).lower().replace("_", "-")] = (m.group(2), i + 1)
-    return pins
+    return named_versions(lines)
 
 
 def _numpy(pins, torch_v, facts, fixups) -> str:
@@ -503,7 +488,8 @@ _EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Warning|Exit|I
                        r"Exception\w*))(?::\s?(.*))?$")
 _SIGNALS = ((re.compile(r"(?i)segmentation fault|SIGSEGV|segfault"), 139, "a segmentation fault"),
             (re.compile(r"(?i)floating point exception|SIGFPE"), 136, "a floating point exception (SIGFPE)"),
-            (re.compile(r"(?i)\bAborted\b|IOT instruction|SIGABRT"), 134, "an abort (SIGABRT)"),
+            (re.compile(r"(?i)\bAborted\b|IOT instruction|SIGABRT|^terminate called\b", re.M), 134,
+             "an abort (SIGABRT)"),
             (re.compile(r"(?i)illegal instruction|SIGILL"), 132, "an illegal instruction (SIGILL)"))
 
 
@@ -587,7 +573,8 @@ def _page_exception(lines: list[str], found: list[Block]) -> tuple[str, int] | N
     text, for pages that paste logs unfenced), cut to its stable part."""
     expected = [b for b in found if re.search(r"(?i)expect", b.label)]  # what should happen, not what did
     in_blocks = [(b.line - 1, b.end_line) for b in found
-                 if b not in expected and (b.kind is not Kind.SCRIPT or b.prompts)]
+                 if b not in expected and (b.kind not in (Kind.SCRIPT, Kind.PYTHON) or b.prompts)]
+    in_blocks += [(b.output_line - 1, b.end_line) for b in found if b.output and b not in expected]
     for start, end in in_blocks:
         hit = _exception_in(lines, start, end)
         if hit:
@@ -597,12 +584,17 @@ def _page_exception(lines: list[str], found: list[Block]) -> tuple[str, int] | N
     hit = _exception_in(prose, 0, len(prose))
     if hit:
         return hit
-    for b in found:  # a pasted tail of a traceback: `    raise ValueError(...)` then `ValueError: ...`
-        if b.kind in (Kind.OUTPUT, Kind.TRACEBACK):
-            for k, text in reversed(list(enumerate(b.text.splitlines()))):
-                m = _EXC_LINE.match(text.strip()) if text and not text.startswith((" ", "\t")) else None
-                if m and re.search(r"Error|Exception|Unsupported|exc\.", m.group(1)):
-                    return _stable(m.group(1), m.group(2) or "", b.text.splitlines(), k), b.line + k
+    # a traceback's tail without its header (the last frames, then `ValueError: ...`): in an output,
+    # traceback or shell block (`$ python repro.py` and what it printed), or pasted after a script's code
+    tails = [(b.text, b.line) for b in found if b.kind in (Kind.OUTPUT, Kind.TRACEBACK, Kind.SHELL)
+             and b not in expected]
+    tails += [(b.output, b.output_line) for b in found if b.output and b not in expected]
+    for text_block, first in tails:
+        block_lines = text_block.splitlines()
+        for k, text in reversed(list(enumerate(block_lines))):
+            m = _EXC_LINE.match(text.strip()) if text and not text.startswith((" ", "\t")) else None
+            if m and re.search(r"Error|Exception|Unsupported|exc\.", m.group(1)):
+                return _stable(m.group(1), m.group(2) or "", block_lines, k), first + k
     return None
 
 
@@ -732,6 +724,13 @@ def _graph_break_claim(page: IssuePage, lines: list[str], found: list[Block], sc
 def _page_output(found: list[Block], chosen: Block, script: str):
     random = re.search(r"\b(rand|randn|randint|rand_like|randn_like|normal_|uniform_|dropout)\b", script) and \
         "manual_seed" not in script
+    if chosen.output and "Traceback" not in chosen.output:  # pasted under the code, in the same fence
+        body = [ln.strip() for ln in chosen.output.splitlines() if ln.strip()]
+        candidates = [ln for ln in body if not (random and _FLOAT.search(ln)) and not _EXC_LINE.match(ln)]
+        if candidates:
+            pick = candidates[-1]
+            offset = next(k for k, ln in enumerate(chosen.output.splitlines()) if ln.strip() == pick)
+            return " ".join(pick.split()), chosen.output_line + offset
     for b in found:
         if b.index <= chosen.index or b.kind is not Kind.OUTPUT:
             continue

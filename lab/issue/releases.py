@@ -1,5 +1,6 @@
 """torch releases and the day each reached PyPI (the first upload of its files), to pick the release
-that was current on an issue's date and the release before a source build or a nightly.
+that was current on an issue's date, and the release branch cuts, to pick the release that first
+shipped a nightly's or a source build's code.
 
 Read from https://pypi.org/pypi/torch/json on 2026-11-25. A release newer than this table is still
 usable with --torch; the table only feeds the inference."""
@@ -10,7 +11,8 @@ from datetime import date
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["RELEASES", "MIN_CP311", "MIN_COMPILE", "newest", "on_date", "before", "first_of", "normalize"]
+__all__ = ["BRANCH_CUTS", "RELEASES", "MIN_CP311", "MIN_COMPILE", "before", "first_of", "newest", "normalize",
+           "on_date", "shipped_after"]
 
 RELEASES: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v, d in (
     ("1.13.0", "2022-10-28"), ("1.13.1", "2022-12-15"), ("2.0.0", "2023-03-15"), ("2.0.1", "2023-05-08"),
@@ -21,6 +23,17 @@ RELEASES: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v,
     ("2.9.0", "2025-10-15"), ("2.9.1", "2025-11-12"), ("2.10.0", "2026-01-21"), ("2.11.0", "2026-03-23"),
     ("2.12.0", "2026-05-13"), ("2.12.1", "2026-06-17"), ("2.13.0", "2026-07-08"), ("2.14.0", "2026-09-02"),
     ("2.14.1", "2026-09-30"), ("2.15.0", "2026-10-28"),
+))
+# When each release branch was cut from main: code on main up to that day first shipped in that minor
+# release. From the "Release cadence table" of pytorch/pytorch's RELEASE.md (read through the search
+# tool's stored copy on 2026-11-27); where it gives only a month ("Aug 2023"), its last day is taken,
+# so a nightly of the cut's own month can be placed one release early. 1.13 and 2.0 are not in that
+# table: before 2.1's cut, a nightly's own version says its release.
+BRANCH_CUTS: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v, d in (
+    ("2.1", "2023-08-31"), ("2.2", "2023-12-31"), ("2.3", "2024-03-31"), ("2.4", "2024-06-30"),
+    ("2.5", "2024-09-30"), ("2.6", "2024-12-31"), ("2.7", "2025-03-31"), ("2.8", "2025-06-30"),
+    ("2.9", "2025-09-30"), ("2.10", "2025-12-31"), ("2.11", "2026-02-16"), ("2.12", "2026-04-13"),
+    ("2.13", "2026-06-08"), ("2.14", "2026-08-10"), ("2.15", "2026-10-05"), ("2.16", "2026-11-30"),
 ))
 MIN_CP311 = "1.13.0"   # the first torch with CPython 3.11 wheels (debian:bookworm's python3)
 MIN_COMPILE = "2.0.0"  # the first with torch.compile and torch._dynamo
@@ -51,6 +64,22 @@ def first_of(version: str) -> str | None:
     return found[0] if found else None
 
 
+def shipped_after(day: date) -> tuple[str, str] | None:
+    """(release, why) for code on main on `day` (a nightly's date, a build from main): the first
+    release of the first minor whose branch was cut on or after that day. None before 2.1's cut, or
+    when that release is not out yet (then the newest is the nearest, said by the caller)."""
+    previous = next(d for v, d in RELEASES if v == "2.0.0")  # 2.0's cut came before its release
+    if day <= previous:
+        return None  # 2.0's cut is not in the table: before 2.0.0 was out, main may be 2.0's or 2.1's
+    for minor, cut in BRANCH_CUTS:
+        if cut >= day:
+            first = next((v for v, _ in RELEASES if Version(v).release[:2] == Version(minor).release[:2]), None)
+            if first is None:
+                return None
+            return first, f"main on {day} shipped first in {first} (its branch was cut {cut:%Y-%m-%d} or before)"
+    return None
+
+
 def normalize(text: str) -> tuple[str, str | None]:
     """(a release of the table, why it differs from `text` or None). Local labels (+cpu, +cu121) are
     dropped; a pre-release, nightly or source build becomes the release before it; 2.1 becomes its
@@ -62,11 +91,20 @@ def normalize(text: str) -> tuple[str, str | None]:
     known = {Version(r): r for r, _ in RELEASES}
     public = Version(v.public)
     if public.is_prerelease or public.is_devrelease:
-        prior = before(text)
-        kind = "a source build" if "git" in (v.local or "") or public.pre else "a nightly"
-        if prior is None:
-            return RELEASES[0][0], f"{text} is {kind}; no release before it in the table"
-        return prior, f"{text} is {kind} of {public.base_version}: the release before it"
+        # a nightly (2.4.0.dev20240521) or a source build (2.3.0a0+git...) of X.Y.0 is main's code before
+        # X.Y's branch cut: it first shipped in X.Y.0
+        kind = ("a nightly" if public.is_devrelease and not public.pre else
+                "a release candidate" if public.pre and public.pre[0] == "rc" and not v.local else "a source build")
+        own = first_of(text)
+        if Version(public.base_version) < Version(RELEASES[0][0]):
+            return RELEASES[0][0], f"{text} is {kind} of {public.base_version}, older than any release with " \
+                                   f"wheels for the lab's Python: {RELEASES[0][0]}"
+        if own is None:
+            return newest(), f"{text} is {kind} of {public.base_version}, newer than the releases the lab knows: " \
+                             f"the newest, {newest()}"
+        if Version(own).release[:2] != public.release[:2]:
+            return own, f"{text} is {kind} of {public.base_version}, which was never released: {own}, the next"
+        return own, f"{text} is {kind} of {public.base_version}: {own}, the release that first shipped its code"
     same_minor = [r for r, _ in RELEASES if Version(r).release[:2] == public.release[:2]]
     if len(public.release) == 2 and same_minor:
         return same_minor[-1], f"{text} names no patch release: its newest, {same_minor[-1]}"

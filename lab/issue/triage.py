@@ -202,7 +202,8 @@ def summary_lines(state: TriageState) -> list[str]:
     where = f"torch {page.torch} on {page.arch}"
     if page.verdict != "reproduced":
         word = {"not_reproduced": "NOT reproduced", "error": "no verdict (error)",
-                "timeout": "no verdict (timeout)"}.get(page.verdict, page.verdict)
+                "timeout": "no verdict (timeout)",
+                "failed_differently": "Failed differently (not the page's failure)"}.get(page.verdict, page.verdict)
         return [f"{word} on {where}, the version the page names: {page.reason}".rstrip(": "),
                 "Nothing to bisect: the triage stops here."]
     lines = [f"Reproduced on {where}, the version the page names."]

@@ -108,6 +108,8 @@ def run_view(run_dir: Path, dot: str | None = None) -> RunView:
     if result.different_failure is not None:
         facts += [("Signature expected", result.different_failure.expected),
                   ("Signature observed", result.different_failure.observed)]
+    elif result.signature is not None:
+        facts.append(("Failure signature", result.signature.words()))
     facts += [("Started", result.started), ("Engine", _engine_words(result))]
     if result.local is not None:  # the local engine: this host, no container
         facts += [("Host", f"{result.local.os}, {result.local.libc}"),

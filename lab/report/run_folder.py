@@ -142,6 +142,7 @@ def run_result(rec: RunRecord) -> RunResult:
         torch_build=rec.torch_build,
         content_key=rec.content.digest if rec.content else None,
         content_parts=dict(rec.content.parts) if rec.content else None,
+        signature=rec.judgement.signature,
     )
 
 
@@ -267,6 +268,7 @@ class ReportView:
     environment: tuple[Details, ...]
     torch_commit: str | None = None                 # torch.version.git_version of the image
     different: tuple[str, str] | None = None        # failed_differently: (expected, observed), escaped
+    signature: tuple[str, str] | None = None        # exit-code-only scenario: (words, the YAML to pin it)
     local: LocalRef | None = None      # a run of the local engine: no container, the host's system
 
 
@@ -321,8 +323,20 @@ def report_view(rec: RunRecord) -> ReportView:
         environment=tuple(_environment(rec)),
         torch_commit=rec.torch_build.git_version if rec.torch_build else None,
         different=(_cell(j.different.expected), _cell(j.different.observed)) if j.different else None,
+        signature=_proposed_signature(j, s.expect),
         local=rec.local,
     )
+
+
+def _proposed_signature(j, expect) -> tuple[str, str] | None:
+    """A scenario that expects only an exit code, on a run that failed with an exception or a signal:
+    the signature to pin (`expect.signature`), in words and as the YAML flow mapping to paste."""
+    sig = j.signature
+    if sig is None or not expect.exit_code_only or j.verdict.value != "reproduced":
+        return None
+    fields = {k: v for k, v in sig.to_json().items() if v is not None}
+    flow = "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in fields.items()) + "}"
+    return _cell(sig.words()), flow
 
 
 def _environment(rec: RunRecord) -> list[Details]:

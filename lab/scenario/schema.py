@@ -39,6 +39,7 @@ from pydantic import (
 
 from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
+from lab.core.results import FailureSignature
 from lab.core.runtimes import RUNTIME_FAMILIES
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Expect",
     "Limits",
     "Scenario",
+    "Signature",
     "check_version",
     "default_scenarios_dir",
     "is_debian_package",
@@ -445,6 +447,34 @@ RuntimeFamily = Annotated[str, AfterValidator(_check_runtime)]
 # --------------------------------------------------------------------------- models
 
 
+class Signature(BaseModel):
+    """The failure a scenario's run must show (`expect.signature`), as PyTorch's minifier checks that a
+    candidate fails with the same error (`check_str`): an exception type, with the innermost torch frame
+    it went through if wanted, or a signal. `lab run` proposes one for a scenario that expects only an
+    exit code (report.md, result.json `signature`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    exception: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*$", max_length=200)] | None = None
+    frame: Annotated[str, Field(pattern=r"^torch/\S+( in \S+)?$", max_length=300)] | None = None
+    signal: Annotated[str, Field(pattern=r"^SIG[A-Z0-9]+$", max_length=20)] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Signature:
+        if (self.exception is None) == (self.signal is None):
+            raise _Invalid("gives an `exception` (a type, e.g. RuntimeError) or a `signal` (e.g. SIGSEGV), "
+                           "exactly one of them",
+                           hint="For example: signature: {exception: RuntimeError, frame: "
+                                "torch/_inductor/graph.py in run_node}, or signature: {signal: SIGSEGV}.")
+        if self.frame is not None and self.exception is None:
+            raise _Invalid("`frame` goes with `exception`, not with `signal`")
+        return self
+
+    def as_failure(self) -> FailureSignature:
+        return FailureSignature(exception=None if self.exception is None else self.exception.rsplit(".", 1)[-1],
+                                frame=self.frame, signal=self.signal)
+
+
 class Expect(BaseModel):
     """What "reproduced" means: every key that is given must hold."""
 
@@ -458,12 +488,20 @@ class Expect(BaseModel):
     exit_code: Annotated[int | tuple[int, ...], BeforeValidator(_exit_codes)] | None = None
     graph_breaks: int | None = Field(default=None, ge=0, le=100000, strict=True)
     graph_breaks_min: int | None = Field(default=None, ge=1, le=100000, strict=True)
+    signature: Signature | None = None
 
     @property
     def exit_codes(self) -> tuple[int, ...]:
         """The exit codes that count (any one of them); empty when exit_code is not given."""
         code = self.exit_code
         return () if code is None else (code,) if isinstance(code, int) else code
+
+    @property
+    def exit_code_only(self) -> bool:
+        """Whether the scenario says nothing of its failure but the exit code: a run that fails for any
+        reason would hold. A bisection or matrix then holds every run to its first failure's signature."""
+        return self.exit_code is not None and all(
+            getattr(self, name) is None for name in type(self).model_fields if name != "exit_code")
 
     @property
     def needs_graph_breaks(self) -> bool:

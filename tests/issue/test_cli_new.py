@@ -31,7 +31,7 @@ def test_from_issue_prints_lines_and_writes_a_loadable_scenario(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "line 30" in proc.stderr and "2.1.0a0+gita8ea417" in proc.stderr
     data = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert data["torch"] == "2.0.1" and data["arch"] == "arm64"
+    assert data["torch"] == "2.1.0" and data["arch"] == "arm64"
     yaml_text = Path(data["yaml"]).read_text()
     assert "Inferred:" in yaml_text and "upstream: https://github.com/pytorch/pytorch/issues/102258" in yaml_text
     assert lab("render", data["yaml"]).returncode == 0

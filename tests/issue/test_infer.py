@@ -48,11 +48,12 @@ def _inf(page_id: str):
     return infer(fetch_issue(str(CORPUS / f"{page_id}.md")))
 
 
-def test_source_build_takes_the_release_before_it():
+def test_source_build_takes_the_release_that_first_shipped_its_code():
+    # 2.1.0a0+gita8ea417 is main's code before 2.1's branch cut: it first shipped in 2.1.0 (issue 28)
     inf = _inf("102258")
-    assert inf.torch == "2.0.1" and inf.arch.value == "arm64"
+    assert inf.torch == "2.1.0" and inf.arch.value == "arm64"
     fact = inf.fact("torch")
-    assert fact.line == 30 and "2.1.0a0+gita8ea417" in fact.how and "release before" in fact.how
+    assert fact.line == 30 and "2.1.0a0+gita8ea417" in fact.how and "first shipped" in fact.how
     assert inf.expect == {"stdout_contains_normalized": "tensor(28.)"}
 
 
@@ -87,7 +88,7 @@ def test_printed_output_is_compared_with_whitespace_normalized():
 
 def test_traceback_tail_gives_the_final_exception():
     inf = _inf("118087")
-    assert inf.expect == {"traceback_contains": "ValueError: diff value"} and inf.torch == "2.2.2"
+    assert inf.expect == {"traceback_contains": "ValueError: diff value"} and inf.torch == "2.3.0"
 
 
 def test_a_warning_raised_as_error_sets_pythonwarnings():
@@ -130,14 +131,14 @@ def test_release_rules():
     assert normalize("9.0.0")[0] == normalize("9.0.0")[0]
 
 
-def test_a_nightly_whose_page_says_the_release_before_is_not_affected_takes_its_own_release():
-    # "I only observe this issue for nightly build. v2.3 is not affected." (page line 46): the release
-    # before the nightly (2.3.1) is the one the page rules out, so the lab runs 2.4.0.
+def test_a_nightly_takes_its_own_release():
+    # 126848's nightly 2.4.0.dev20240521 (page line 56) is main's code before 2.4's branch cut: 2.4.0,
+    # which the page's "v2.3 is not affected" (line 46) agrees with
     inf = _inf("126848")
     assert inf.torch == "2.4.0"
     fact = inf.fact("torch")
-    assert fact.line == 56 and "'v2.3 is not affected' (line 46)" in fact.how
-    assert _inf("96459").torch == "2.0.1"  # a nightly with no such sentence keeps the release before it
+    assert fact.line == 56 and "a nightly of 2.4.0: 2.4.0, the release that first shipped its code" in fact.how
+    assert _inf("96459").torch == "2.1.0"  # 2.1.0.dev20230307
     from lab.issue.releases import first_of
     assert first_of("2.4.0.dev20240521") == "2.4.0" and first_of("2.2.0a0+git1234") == "2.2.0"
     assert first_of("9.0.0.dev1") is None
