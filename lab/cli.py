@@ -767,6 +767,7 @@ def bundle_cmd(
                                                 "(default: <run folder name>.tar.gz here).")] = None,
     slim: Annotated[bool, typer.Option("--slim", help="Leave out the raw loader logs (out/ld/).")] = False,
     inspect: Annotated[bool, typer.Option("--inspect", help="Show a bundle's manifest without unpacking it.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace the -o file if it exists.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Pack a run folder into one .tar.gz to attach to an upstream issue (secrets scrubbed), or --inspect one."""
@@ -792,7 +793,7 @@ def bundle_cmd(
             for item in manifest.left_out:
                 out.print(f"left out: {item.path} ({item.why})", markup=False)
             return
-        info = write_bundle(path, output, slim=slim)
+        info = write_bundle(path, output, slim=slim, force=force)
         if (note := note_bundle(path, info.path)) is not None:
             log.warning(note)
         err.print(f"bundle: {info.path} ({format_bytes(info.size)}, {info.file_count} files"
