@@ -945,8 +945,8 @@ def runs_cmd(
                                               "(YYYY-MM-DD, UTC).")] = None,
     flaky: Annotated[bool, typer.Option("--flaky", help="Cases whose runs reached different verdicts, "
                                         "with their reproduction rate.")] = False,
-    gc: Annotated[bool, typer.Option("--gc", help="Remove old run folders (not what a bisection or a bundle "
-                                     "refers to).")] = False,
+    gc: Annotated[bool, typer.Option("--gc", help="Remove old run folders the lab made for your runs (never the "
+                                     "newest of a case, nor what a bisection or a bundle refers to).")] = False,
     older_than: Annotated[str | None, typer.Option("--older-than", help="With --gc: folders older than this "
                                                    "(30d, 12h, 2w).")] = None,
     keep: Annotated[int | None, typer.Option("--keep", min=0, help="With --gc: keep the newest N runs of "
@@ -970,9 +970,13 @@ def runs_cmd(
             for path in done.kept_referenced:
                 err.print(f"kept {escape(str(path))} (a bisection or a bundle refers to it)", soft_wrap=True)
             err.print(f"{verb} {len(done.removed)} run folder(s), kept {len(done.kept_referenced)} referenced")
+            if done.not_marked:
+                err.print(f"left alone {len(done.not_marked)} folder(s) the lab did not mark as made for your runs "
+                          "(made by an older lab, or unpacked from a bundle): remove those by hand")
             if as_json:
                 out.print(json.dumps({"removed": [str(p) for p in done.removed], "dry_run": dry_run,
-                                      "kept": [str(p) for p in done.kept_referenced]}), markup=False)
+                                      "kept": [str(p) for p in done.kept_referenced],
+                                      "not_marked": [str(p) for p in done.not_marked]}), markup=False)
             return
         if flaky:
             cases = index.flaky(scenario)

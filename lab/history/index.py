@@ -119,6 +119,7 @@ class FlakyCase:
 class Collected:
     removed: tuple[Path, ...]
     kept_referenced: tuple[Path, ...]
+    not_marked: tuple[Path, ...] = ()   # run folders without the lab's marker: never removed
 
 
 def kind_of(rel: str) -> str:
@@ -397,6 +398,8 @@ class RunIndex:
             rows = conn.execute("SELECT path, case_name, created, kind FROM runs WHERE created IS NOT NULL "
                                 "ORDER BY case_name, created DESC, path DESC").fetchall()
             protected = {p for (p,) in conn.execute("SELECT path FROM refs WHERE how IN ('bisect', 'bundle')")}
+            foreign = tuple(self._abs(p) for (p,) in conn.execute("SELECT path FROM runs WHERE created IS NULL "
+                                                                  "ORDER BY path"))
         cutoff = None if older_than is None else int((now - older_than).timestamp() * 1e9)
         removed, kept, rank = [], [], {}
         for rel, case, created, kind in rows:
@@ -420,7 +423,7 @@ class RunIndex:
                     done.append(path)
             removed = done
             self.sync()
-        return Collected(tuple(removed), tuple(kept))
+        return Collected(tuple(removed), tuple(kept), foreign)
 
 
 def _parse_time(text: str) -> datetime:

@@ -151,8 +151,8 @@ def test_only_marked_folders_are_removed(tmp_path):
 
     kinds = {e.path for e in RunIndex(root).query()}
     assert kinds == {newest, mine, legacy, copied, unpacked}   # listed: they are in the runs folder
-    removed = RunIndex(root).gc(None, 0).removed
-    assert removed == (mine,) and newest.exists()
+    done = RunIndex(root).gc(None, 0)
+    assert done.removed == (mine,) and newest.exists() and set(done.not_marked) == {legacy, copied, unpacked}
     assert legacy.exists() and copied.exists() and unpacked.exists()
     (root / KEY_NAME).unlink()            # without the key nothing checks out: nothing is removed
     assert RunIndex(root).gc(None, 0).removed == ()
