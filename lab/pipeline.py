@@ -30,9 +30,9 @@ from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
 from lab.core.results import LocalRef, RunResult, StageTimes, TorchBuild
+from lab.core.runmarker import mark_run
 from lab.engine.docker_engine import Engine
 from lab.history.index import record_run
-from lab.history.marker import mark_run
 from lab.report import run_folder as report
 
 R = TypeVar("R")

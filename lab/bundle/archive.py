@@ -87,6 +87,7 @@ from lab.bundle.manifest import (
     validate_manifest,
 )
 from lab.core.results import RunResult, read_result
+from lab.core.runmarker import MARKER
 from lab.core.safetar import (
     HEADER_BUDGET,
     BundleError,
@@ -96,7 +97,6 @@ from lab.core.safetar import (
     safe_extract,
 )
 from lab.core.scrub import is_secret_name, scrub_text, secret_values
-from lab.history.marker import MARKER
 
 MAX_SCRUB_BYTES = 256 << 20     # a text file larger than this is left out rather than read whole
 COMPRESSLEVEL = 6

@@ -238,14 +238,15 @@ def write_etc(folder: Path) -> Path:
     return folder
 
 
-def lab_ca_bundle() -> str | None:
-    """The CA bundle the lab uses (PIP_CERT, SSL_CERT_FILE, REQUESTS_CA_BUNDLE or pip.conf's cert)."""
-    from lab.build.hostpip import discover
-    try:
-        ca = discover().ca_bundle
-    except Exception:  # a damaged pip.conf is the build's to report, not the sandbox's
-        return None
-    return str(ca) if ca is not None else None
+# Where the lab's CA bundle is named (as lab.build.hostpip reads them, first set wins).
+CA_VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+
+
+def lab_ca_bundle(env: dict[str, str] | None = None) -> str | None:
+    """The CA bundle the lab uses, from its environment (a file's path), or None."""
+    env = dict(os.environ) if env is None else env
+    path = next((env[v] for v in CA_VARIABLES if env.get(v)), None)
+    return path if path and os.path.isfile(path) else None
 
 
 def _etc_args(made: set[str], made_etc: Path | None = None, *, network: bool = False,

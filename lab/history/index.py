@@ -11,7 +11,7 @@ IMMEDIATE`) with a long busy timeout, so several `lab` processes can record at o
 What a bundle or a bisection refers to is kept by `gc`: bisect folders name their probes in
 bisect.json, and `lab bundle` appends the folder it packed to `<runs root>/bundles.log`.
 
-Whose runs they are (lab.history.marker): a folder the lab made for a run carries a marker that
+Whose runs they are (lab.core.runmarker): a folder the lab made for a run carries a marker that
 checks out against the runs root's key; its `created` column is the time the lab saw it made.
 A run folder's sub-folders are its content and never runs of their own (a replay's `replayed/`
 holds a stranger's result.json), and below a marked folder (an ablation's rungs) only marked
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from lab.core.errors import LabError
 from lab.core.results import RESULT_NAME, RunResult, parse_result
-from lab.history.marker import MARKER, marked_since, runs_key
+from lab.core.runmarker import MARKER, marked_since, runs_key
 
 INDEX_NAME = "index.sqlite3"
 BUNDLES_LOG = "bundles.log"

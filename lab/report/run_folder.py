@@ -35,7 +35,7 @@ from lab.core.results import (
     TorchBuild,
     UnfinishedRun,
 )
-from lab.history.marker import mark_run
+from lab.core.runmarker import mark_run
 
 _LOG_TAIL_LINES = 200
 

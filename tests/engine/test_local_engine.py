@@ -27,6 +27,7 @@ from lab.engine.local_engine import (
     NotConfinedError,
     _translate,
     etc_files,
+    lab_ca_bundle,
     probe_bwrap,
     rlimits,
     sandbox_args,
@@ -145,6 +146,11 @@ def test_the_labs_ca_bundle_is_shown_only_from_etc(tmp_path, monkeypatch):
     assert binds("/etc/ssl/certs/x.pem") == ["/etc/ssl/certs"]          # inside a folder already shown
     assert binds("/etc/../etc/lab-ca/corp.pem") == ["/etc/ssl/certs"]   # never a path that climbs
     assert binds(None) == ["/etc/ssl/certs"]
+    monkeypatch.undo()
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert lab_ca_bundle({"PIP_CERT": "", "SSL_CERT_FILE": str(ca), "REQUESTS_CA_BUNDLE": "/nowhere"}) == str(ca)
+    assert lab_ca_bundle({"PIP_CERT": str(tmp_path / "absent.pem")}) is None and lab_ca_bundle({}) is None
 
 
 def test_network_only_when_allowed_and_gpu_nodes_only_for_gpu_cases(monkeypatch):

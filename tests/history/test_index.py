@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.core.runmarker import mark_run
 from lab.history.index import BUNDLES_LOG, INDEX_NAME, HistoryError, RunIndex, note_bundle, parse_age, parse_since
-from lab.history.marker import mark_run
 from tests.conftest import DATA, ROOT, last_json, run_lab
 
 REAL = json.loads((DATA / "run-folders" / "20261122T120958Z-torch2.5.1-arm64" / "result.json").read_text())

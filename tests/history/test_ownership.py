@@ -1,4 +1,4 @@
-"""Whose runs the history holds (lab.history.marker): a stranger's bundle is never the user's run,
+"""Whose runs the history holds (lab.core.runmarker): a stranger's bundle is never the user's run,
 and `lab runs --gc` removes only folders the lab made, ordered by when the lab made them."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from lab.build.hostpip import HostPip
 from lab.build.resolve import resolve
 from lab.bundle.archive import write_bundle
 from lab.bundle.replay import REPLAYED, discard_replay, execute_replay, prepare_replay
+from lab.core.runmarker import KEY_NAME, MARKER, mark_run, marked_since, runs_key
 from lab.history.index import INDEX_NAME, RunIndex
-from lab.history.marker import KEY_NAME, MARKER, mark_run, marked_since, runs_key
 from lab.report.run_folder import new_run_dir
 from lab.scenario.schema import Arch, load_scenario
 from tests.bundle.test_replay import make_run as stranger_run
