@@ -771,6 +771,7 @@ def bundle_cmd(
                                                 "(default: <run folder name>.tar.gz here).")] = None,
     slim: Annotated[bool, typer.Option("--slim", help="Leave out the raw loader logs (out/ld/).")] = False,
     inspect: Annotated[bool, typer.Option("--inspect", help="Show a bundle's manifest without unpacking it.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace the -o file if it exists.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Pack a run folder into one .tar.gz to attach to an upstream issue (secrets scrubbed), or --inspect one."""
@@ -796,7 +797,7 @@ def bundle_cmd(
             for item in manifest.left_out:
                 out.print(f"left out: {item.path} ({item.why})", markup=False)
             return
-        info = write_bundle(path, output, slim=slim)
+        info = write_bundle(path, output, slim=slim, force=force)
         if (note := note_bundle(path, info.path)) is not None:
             log.warning(note)
         err.print(f"bundle: {info.path} ({format_bytes(info.size)}, {info.file_count} files"
@@ -948,8 +949,8 @@ def runs_cmd(
                                               "(YYYY-MM-DD, UTC).")] = None,
     flaky: Annotated[bool, typer.Option("--flaky", help="Cases whose runs reached different verdicts, "
                                         "with their reproduction rate.")] = False,
-    gc: Annotated[bool, typer.Option("--gc", help="Remove old run folders (not what a bisection or a bundle "
-                                     "refers to).")] = False,
+    gc: Annotated[bool, typer.Option("--gc", help="Remove old run folders the lab made for your runs (never the "
+                                     "newest of a case, nor what a bisection or a bundle refers to).")] = False,
     older_than: Annotated[str | None, typer.Option("--older-than", help="With --gc: folders older than this "
                                                    "(30d, 12h, 2w).")] = None,
     keep: Annotated[int | None, typer.Option("--keep", min=0, help="With --gc: keep the newest N runs of "
@@ -973,9 +974,13 @@ def runs_cmd(
             for path in done.kept_referenced:
                 err.print(f"kept {escape(str(path))} (a bisection or a bundle refers to it)", soft_wrap=True)
             err.print(f"{verb} {len(done.removed)} run folder(s), kept {len(done.kept_referenced)} referenced")
+            if done.not_marked:
+                err.print(f"left alone {len(done.not_marked)} folder(s) the lab did not mark as made for your runs "
+                          "(made by an older lab, or unpacked from a bundle): remove those by hand")
             if as_json:
                 out.print(json.dumps({"removed": [str(p) for p in done.removed], "dry_run": dry_run,
-                                      "kept": [str(p) for p in done.kept_referenced]}), markup=False)
+                                      "kept": [str(p) for p in done.kept_referenced],
+                                      "not_marked": [str(p) for p in done.not_marked]}), markup=False)
             return
         if flaky:
             cases = index.flaky(scenario)

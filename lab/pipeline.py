@@ -31,6 +31,7 @@ from lab.core.cache import cache_dir
 from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
 from lab.core.records import Events, RawRun, RunLimits, no_events
 from lab.core.results import LocalRef, RunResult, StageTimes, TorchBuild
+from lab.core.runmarker import mark_run
 from lab.engine.docker_engine import Engine
 from lab.history.index import record_run
 from lab.report import run_folder as report
@@ -152,6 +153,8 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         cache_policy.note_wheels_used(plan.site.root)
     started = datetime.now(timezone.utc)
     run_dir = run_dir or report.new_run_dir(runs_root, case, started)
+    if (note := mark_run(runs_root, run_dir)) is not None:  # a probe's or a rung's folder, made by its driver
+        logging.getLogger("lab").warning(note)
     write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
     report.write_scenario(run_dir, case, None)
     emulated = case.arch != engine.arch

@@ -140,8 +140,9 @@ def assert_untouched(tmp_path: Path, place: dict, run_dir: Path | None = None) -
     runs = {k for k in after.keys() - before.keys() if k.startswith("runs")}
     allowed = set() if run_dir is None else {str(p.relative_to(tmp_path)) for p in [*run_dir.parents]
                                              if tmp_path in p.parents}
-    if run_dir is not None:  # a run is recorded in the runs folder's history index (lab.history)
-        allowed |= {k for k in runs if Path(k).parent == Path("runs") and Path(k).name.startswith("index.sqlite3")}
+    if run_dir is not None:  # a run is recorded in the runs folder's history index (lab.history), and marked
+        allowed |= {k for k in runs if Path(k).parent == Path("runs")
+                    and Path(k).name.startswith(("index.sqlite3", ".lab-key"))}
     assert not changed and not added and not (runs - allowed), (changed, added, runs - allowed)
     assert (place["canary"] / "keep.txt").read_text() == "the maintainer's file\n"
 

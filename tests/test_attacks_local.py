@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.engine import local_engine
 from tests.conftest import last_json, run_lab
 from tests.test_attacks_run import (
     DOCKER_SOCKET,
@@ -62,7 +63,8 @@ def run_attack(tmp_path: Path, name: str, script: str, extra: str = "", *args: s
     run_dir = Path(result["run_dir"])
     assert snapshot(folder) == before, "the canary folder outside the run folder changed"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["canary", "runs", "scenario"]
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith("index.sqlite3")) == [name]
+    lab_files = ("index.sqlite3", ".lab-key")  # the history index, the key of the run folders' markers
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(lab_files)) == [name]
     assert list((tmp_path / "runs" / name).iterdir()) == [run_dir]
     for path in [run_dir, *run_dir.rglob("*")]:
         kind = stat.S_IFMT(path.lstat().st_mode)
@@ -214,3 +216,74 @@ def test_a_script_filling_out_is_stopped_and_its_copy_capped(tmp_path):
     assert copied["bytes"] <= 16 << 20 and copied["files"] <= 16
     assert "would take the copy past its cap of 16 MiB" in copied["stopped"]
     assert sum(p.stat().st_size for p in (run_dir / "out").rglob("*") if p.is_file()) == copied["bytes"]
+
+
+ETC_VIEW = """
+import json, os, pwd, grp, shutil, socket, ssl, subprocess
+token = (os.environ["TOKEN_HEAD"] + os.environ["TOKEN_TAIL"]).encode()  # never whole in the run's records
+for path in (os.environ["SECRET_FILE"], "/etc/pip.conf", "/etc/shadow", "/etc/ssl/private", "/etc/hostname"):
+    try:
+        with open(path, "rb") as fh:
+            print("read", path, fh.read()[:200])
+    except OSError as exc:
+        print("cannot read", path, type(exc).__name__)
+print("etc", json.dumps(sorted(os.listdir("/etc"))))
+found = []
+for folder, _, files in os.walk("/etc"):
+    for name in files:
+        try:
+            with open(os.path.join(folder, name), "rb") as fh:
+                if token in fh.read(1 << 22):
+                    found.append(os.path.join(folder, name))
+        except OSError:
+            continue
+print("found", found)
+print("user", pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name, pwd.getpwuid(0).pw_name)
+print("localhost", socket.gethostbyname("localhost"))
+print("ca", ssl.create_default_context().cert_store_stats()["x509_ca"] > 0)
+for cc in ("c++", "cc", "g++"):
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True)
+    print("compiler", cc, os.path.realpath(shutil.which(cc)), version.returncode)
+import torch
+f = torch.compile(lambda x: (x.sin() + x.cos()) * 2, backend="inductor")
+x = torch.randn(64)
+print("inductor", bool(torch.allclose(f(x), (x.sin() + x.cos()) * 2)))
+print("done")
+"""
+
+
+def test_the_script_sees_a_minimal_etc_and_no_host_file_planted_there(tmp_path):
+    """A token planted in host files under /etc (a new file, and /etc/pip.conf where there is none) is not
+    readable by the script; what it sees of /etc is the lab's list; torch.compile with Inductor (g++
+    through the host's alternatives, the loader cache, Python.h) still works in that /etc."""
+    token = f"lab-attack-etc-{uuid.uuid4().hex}"
+    secret = Path(f"/etc/lab-test-secret-{uuid.uuid4().hex}")
+    pip_conf = Path("/etc/pip.conf")
+    planted = [secret] + ([] if pip_conf.exists() or pip_conf.is_symlink() else [pip_conf])
+    try:
+        secret.write_text(f"{token}\n")
+        if pip_conf in planted:
+            pip_conf.write_text(f"[global]\nindex-url = https://user:{token}@example.invalid/simple\n")
+        result, run_dir = run_attack(tmp_path, "attack-etc", ETC_VIEW,
+                                     "timeout: 600\nexpect:\n  stdout_contains: done\n", "--no-diagnose",
+                                     script_env={"TOKEN_HEAD": token[:20], "TOKEN_TAIL": token[20:],
+                                                 "SECRET_FILE": str(secret)})
+    finally:
+        for path in planted:
+            path.unlink(missing_ok=True)
+    stdout = (run_dir / "stdout.txt").read_text()
+    assert result["verdict"] == "reproduced", stdout + (run_dir / "stderr.txt").read_text()[-3000:]
+    for path in (secret, "/etc/pip.conf", "/etc/shadow", "/etc/ssl/private", "/etc/hostname"):
+        assert f"cannot read {path} FileNotFoundError" in stdout, path
+    assert "found []" in stdout
+    seen = set(json.loads(stdout.split("etc ", 1)[1].splitlines()[0]))
+    allowed = {n.split("/")[0] for n in (*local_engine.ETC_FROM_HOST, *local_engine.ETC_MADE)}
+    assert seen <= allowed and {"passwd", "group", "hosts", "nsswitch.conf"} <= seen, seen
+    assert {"ld.so.cache", "ssl"} <= seen and ("alternatives" in seen) == Path("/etc/alternatives").is_dir()
+    assert "user lab lab root" in stdout and "localhost 127.0.0.1" in stdout and "ca True" in stdout
+    for cc in ("c++", "cc", "g++"):
+        assert f"compiler {cc} " in stdout and stdout.split(f"compiler {cc} ")[1].split("\n")[0].endswith(" 0")
+    assert "inductor True" in stdout
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert token.encode() not in path.read_bytes(), path

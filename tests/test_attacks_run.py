@@ -75,7 +75,8 @@ def run_attack(tmp_path: Path, name: str, script: str, extra: str = "", *args: s
     assert snapshot(folder) == before, "the canary folder outside the run folder changed"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["canary", "runs", "scenario"]
     # the run folder, and the runs folder's history index (lab.history), which records it
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith("index.sqlite3")) == [name]
+    lab_files = ("index.sqlite3", ".lab-key")  # the history index, the key of the run folders' markers
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(lab_files)) == [name]
     assert list((tmp_path / "runs" / name).iterdir()) == [run_dir]
     for path in [run_dir, *run_dir.rglob("*")]:
         kind = stat.S_IFMT(path.lstat().st_mode)

@@ -87,6 +87,7 @@ from lab.bundle.manifest import (
     validate_manifest,
 )
 from lab.core.results import RunResult, read_result
+from lab.core.runmarker import MARKER
 from lab.core.safetar import (
     HEADER_BUDGET,
     BundleError,
@@ -377,7 +378,7 @@ def _plan(run_dir: Path, *, slim: bool, env: Mapping[str, str], skip: set[Path],
     secrets = [v.encode("utf-8", "surrogateescape") for v in secret_values(env)]
     has_report = False
     for rel, path in _walk(run_dir):
-        if path in skip:
+        if path in skip or rel == MARKER:  # this host's mark of its own run folders: meaningless elsewhere
             continue
         st = path.lstat()
         if stat.S_ISLNK(st.st_mode):
@@ -515,13 +516,62 @@ def _write_archive(target: Path, root: str, manifest_bytes: bytes, items: list[_
                                       hint="Bundle the run folder again once nothing writes to it.")
 
 
+class BundleTargetError(BundleError):
+    """`lab bundle -o` (or the current folder) points inside the run folder it packs."""
+
+
+class BundleExistsError(BundleError):
+    """`lab bundle -o` names a file that exists, and --force was not given."""
+
+
+def _check_target(given: Path, run_path: Path, target: Path, force: bool) -> None:
+    """Never write inside the run folder being packed (links resolved), nor over a file unless
+    `force`; never over anything that is not a file."""
+    real = Path(os.path.realpath(target))
+    if real == run_path or run_path in real.parents:
+        raise BundleTargetError(f"{target}: the bundle would be written inside the run folder it packs ({given}); "
+                                "the lab never writes into a run folder it bundles.",
+                                hint="Give -o a path outside the run folder (for example ../NAME.tar.gz), or run "
+                                     "`lab bundle` from another folder.")
+    if not os.path.lexists(target):
+        return
+    if target.is_dir() or (real.exists() and not real.is_file()):
+        raise BundleExistsError(f"{target} exists and is not a file: the bundle cannot be written there.",
+                                hint="Give -o the path of a .tar.gz file.")
+    if not force:
+        raise BundleExistsError(f"{target} exists already: `lab bundle` does not overwrite a file.",
+                                hint="Pass --force to replace it, or give another -o.")
+
+
+def _commit(tmp: Path, target: Path, force: bool) -> None:
+    """Move the finished archive to `target`: replacing it only when `force` (a link there is
+    replaced, not written through), else failing if something appeared there meanwhile."""
+    if force:
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise BundleExistsError(f"{target} appeared while the bundle was written: `lab bundle` does not "
+                                "overwrite a file.", hint="Pass --force to replace it, or give another -o.") from None
+    except OSError:  # a file system without hard links: the check before the write stands
+        if os.path.lexists(target):
+            raise BundleExistsError(f"{target} exists already: `lab bundle` does not overwrite a file.",
+                                    hint="Pass --force to replace it, or give another -o.") from None
+        os.replace(tmp, target)
+        return
+    tmp.unlink()
+
+
 def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bool = False,
-                 env: Mapping[str, str] | None = None, created: datetime | None = None) -> BundleInfo:
+                 env: Mapping[str, str] | None = None, created: datetime | None = None,
+                 force: bool = False) -> BundleInfo:
     """Write the run folder as a bundle (see the module docstring) and return what was written.
 
-    `out` defaults to `<run folder name>.tar.gz` in the current directory. `env` (default
-    os.environ) supplies the secret values to scrub. `created` (default now) also sets every
-    member's mtime, so a fixed one gives byte-identical bundles.
+    `out` defaults to `<run folder name>.tar.gz` in the current directory. It may not lie inside
+    the run folder (BundleTargetError), nor be an existing file unless `force` (BundleExistsError).
+    `env` (default os.environ) supplies the secret values to scrub. `created` (default now) also
+    sets every member's mtime, so a fixed one gives byte-identical bundles.
     """
     env = os.environ if env is None else env
     given = Path(run_dir)
@@ -536,6 +586,7 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
     target = Path(out) if out is not None else Path.cwd() / f"{root}.tar.gz"
     created = (created or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(microsecond=0)
     result = read_result(run_path)
+    _check_target(given, run_path, target, force)
     scenario = _read_scenario(run_path)
     env = {**_scenario_secrets(scenario), **env}  # a token in the scenario's env must not leak through stdout
     target_real = Path(os.path.realpath(target))
@@ -565,7 +616,7 @@ def write_bundle(run_dir: Path | str, out: Path | str | None = None, *, slim: bo
     try:
         _write_archive(tmp, root, manifest_bytes, items, int(created.timestamp()))
         os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        _commit(tmp, target, force)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

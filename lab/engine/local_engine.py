@@ -7,9 +7,15 @@ container. The venv is made by the build stage (`lab.build.localenv`); this modu
 
 Where bubblewrap (`bwrap`) works, the script runs confined, laid out as in the lab's images:
 
-- a read-only view of the system (/usr, /etc and the merged-/usr links, /sys), a fresh /proc and
-  /dev, a private /tmp (a tmpfs), and nothing else of the host: no /home, no /root, no /var, no
-  /run, no Docker socket; the Python and its venv are bound read-only at their own paths;
+- a read-only view of the system (/usr, the merged-/usr links, /sys), a fresh /proc and /dev, a
+  private /tmp (a tmpfs), and nothing else of the host: no /home, no /root, no /var, no /run, no
+  Docker socket; the Python and its venv are bound read-only at their own paths;
+- a minimal /etc, not the host's (whose pip.conf may hold an index token): passwd, group, hosts
+  and nsswitch.conf made by the lab for the run user (`ETC_MADE`), and of the host's only what a
+  Python process, torch's import and Inductor's compiler read (`ETC_FROM_HOST`: the loader cache
+  and its configuration, so CUDA's libraries load on a GPU host; the alternatives links that
+  cc/c++ go through; the CA certificates and the lab's CA bundle; time zone, OS release, Python's
+  own configuration), plus resolv.conf and the host's hosts where the run has network;
 - the script at /lab/repro and the runner at /lab/tools (read-only, from the run folder), and
   /out, the only folder it may write to: a fresh folder that belongs to the run user, copied into
   the run folder after the run through the same safe extractor as a container's /out (no link,
@@ -69,7 +75,19 @@ OUT = "/out"
 LAB_DIR = "/lab"
 OUT_FOLDERS = ("ld", "diag", "trace", "compile_debug")  # made in /out before the run, as in the images
 # The host's system, seen read-only by the script. The merged-/usr links stay links.
-SYSTEM_DIRS = ("/usr", "/etc", "/opt/nvidia")
+SYSTEM_DIRS = ("/usr", "/opt/nvidia")
+# Of the host's /etc, only these (where they exist), read-only: the dynamic loader's cache and
+# configuration (libcuda and CUDA's libraries are found through them on a GPU host), the
+# alternatives links (Debian's /usr/bin/cc and c++ point there), CA certificates (Debian's
+# ssl/certs, RHEL's pki), time zone, OS release (collect_env reads it), service and protocol
+# names, and the system Python's configuration (Debian's sitecustomize.py lives in
+# /etc/python3.X). Never ssl/private, pip.conf, passwd/shadow, ssh or anything else.
+ETC_FROM_HOST = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf",
+                 "pki/tls/certs", "pki/tls/openssl.cnf", "pki/ca-trust/extracted", "localtime", "timezone",
+                 "os-release", "debian_version", "lsb-release", "redhat-release", "system-release", "protocols",
+                 "services", "python3", *(f"python3.{n}" for n in range(6, 20)))
+ETC_WITH_NETWORK = ("resolv.conf", "hosts", "gai.conf", "host.conf")  # names resolve as on the host
+ETC_MADE = ("passwd", "group", "hosts", "nsswitch.conf")                # written by the lab (etc_files)
 TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
 SHM_BYTES = 64 * 1024**2  # /dev/shm in the sandbox, as Docker gives a container
@@ -196,13 +214,80 @@ def _folders_above(path: str, made: set[str]) -> list[str]:
     return args
 
 
-def _system_args(made: set[str] | None = None) -> list[str]:
+def etc_files() -> dict[str, str]:
+    """The files of the sandbox's /etc that the lab writes: the run user (as in the images:
+    lab, 10001, home /tmp), root and nobody (whom host files may belong to), localhost, and name
+    lookups from those files (and DNS, where there is network) only."""
+    return {
+        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                  f"lab:x:{RUN_UID}:{RUN_UID}:lab:/tmp:/usr/sbin/nologin\n"
+                  "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\nlab:x:{RUN_UID}:\nnogroup:x:65534:\n",
+        "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
+                         "protocols: files\nservices: files\nethers: files\nrpc: files\n",
+    }
+
+
+def write_etc(folder: Path) -> Path:
+    """Write `etc_files()` into `folder` (made), readable by the run user."""
+    folder.mkdir(mode=0o755)
+    for name, text in etc_files().items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o644)
+    return folder
+
+
+# Where the lab's CA bundle is named (as lab.build.hostpip reads them, first set wins).
+CA_VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+
+
+def lab_ca_bundle(env: dict[str, str] | None = None) -> str | None:
+    """The CA bundle the lab uses, from its environment (a file's path), or None."""
+    env = dict(os.environ) if env is None else env
+    path = next((env[v] for v in CA_VARIABLES if env.get(v)), None)
+    return path if path and os.path.isfile(path) else None
+
+
+def _etc_args(made: set[str], made_etc: Path | None = None, *, network: bool = False,
+              ca_bundle: str | None = None) -> list[str]:
+    """The sandbox's /etc (see the module docstring): a fresh folder, the lab's own files from
+    `made_etc`, and read-only binds of the host's entries that a run needs, and nothing else."""
+    args = ["--perms", "0755", "--dir", "/etc"]
+    made.add("/etc")
+    wanted: dict[str, str] = {}
+    for name in ETC_FROM_HOST + (ETC_WITH_NETWORK if network else ()):
+        wanted["/etc/" + name] = "/etc/" + name
+    if made_etc is not None:
+        for name in ETC_MADE:
+            if not (network and name in ETC_WITH_NETWORK and os.path.exists("/etc/" + name)):
+                wanted["/etc/" + name] = str(made_etc / name)
+    if ca_bundle and ca_bundle.startswith("/etc/") and ".." not in ca_bundle.split("/"):
+        wanted.setdefault(os.path.normpath(ca_bundle), os.path.normpath(ca_bundle))
+    folders: list[str] = []  # host folders bound whole
+    for dest, src in sorted(wanted.items()):
+        if not os.path.exists(src) or any(dest.startswith(f + "/") for f in folders):
+            continue  # absent (or a dangling link), or inside a folder already shown (the CA bundle)
+        for parent in reversed(Path(dest).parents):
+            if str(parent).startswith("/etc/") and str(parent) not in made:
+                args += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        args += ["--ro-bind", src, dest]  # a link is bound as what it points to
+        made.add(dest)
+        if os.path.isdir(src):
+            folders.append(dest)
+    return args
+
+
+def _system_args(made: set[str] | None = None, made_etc: Path | None = None, *, network: bool = False,
+                 ca_bundle: str | None = None) -> list[str]:
     made = {"/"} if made is None else made
     args: list[str] = []
     for top in SYSTEM_DIRS:
         if os.path.isdir(top):
             args += [*_folders_above(top, made), "--ro-bind", top, top]
             made.add(top)
+    args += _etc_args(made, made_etc, network=network, ca_bundle=ca_bundle)
     for top in TOP_LINKS:
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
@@ -212,10 +297,12 @@ def _system_args(made: set[str] | None = None) -> list[str]:
 
 
 def sandbox_args(*, tool: str, image: LocalImage, out: Path, limits: RunLimits, as_root: bool,
-                 cwd: str = LAB_DIR + "/repro") -> list[str]:
-    """The bwrap command line (up to the command itself) for one run. Pure: tests read it."""
-    made: set[str] = {"/", "/tmp", "/usr", "/etc", "/sys", "/proc", "/dev"}
-    args = [tool, *_system_args(made)]
+                 cwd: str = LAB_DIR + "/repro", made_etc: Path | None = None,
+                 ca_bundle: str | None = None) -> list[str]:
+    """The bwrap command line (up to the command itself) for one run. Pure: tests read it.
+    `made_etc` holds the lab's /etc files (write_etc); `ca_bundle` is shown when under /etc."""
+    made: set[str] = {"/", "/tmp", "/usr", "/sys", "/proc", "/dev"}
+    args = [tool, *_system_args(made, made_etc, network=limits.network, ca_bundle=ca_bundle)]
     if os.path.isdir("/sys"):
         args += ["--ro-bind", "/sys", "/sys"]
     args += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
@@ -408,7 +495,8 @@ class LocalEngine:
         if confinement.confined:
             inner = script_env(image, env)
             argv = sandbox_args(tool=confinement.tool, image=image, out=out, limits=limits,  # type: ignore[arg-type]
-                                as_root=confinement.as_root)
+                                as_root=confinement.as_root, made_etc=write_etc(out.parent / "etc"),
+                                ca_bundle=lab_ca_bundle())
             argv += ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in sorted(inner.items())), *command]
             return argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, "/"
         # Not confined: the image's paths become the run's own folders.

@@ -10,6 +10,13 @@ IMMEDIATE`) with a long busy timeout, so several `lab` processes can record at o
 
 What a bundle or a bisection refers to is kept by `gc`: bisect folders name their probes in
 bisect.json, and `lab bundle` appends the folder it packed to `<runs root>/bundles.log`.
+
+Whose runs they are (lab.core.runmarker): a folder the lab made for a run carries a marker that
+checks out against the runs root's key; its `created` column is the time the lab saw it made.
+A run folder's sub-folders are its content and never runs of their own (a replay's `replayed/`
+holds a stranger's result.json), and below a marked folder (an ablation's rungs) only marked
+folders are runs. An unmarked folder with a result.json (made before markers, or unpacked by
+hand) is listed but never `gc`'s to remove, nor counted when gc looks for the newest of a case.
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ from pathlib import Path
 
 from lab.core.errors import LabError
 from lab.core.results import RESULT_NAME, RunResult, parse_result
+from lab.core.runmarker import MARKER, marked_since, runs_key
 
 INDEX_NAME = "index.sqlite3"
 BUNDLES_LOG = "bundles.log"
 APPLICATION_ID = 0x4C414231          # "LAB1"
-SCHEMA = 1
+SCHEMA = 2                           # 2: `created`, from the lab's own marker
 _BUSY_TIMEOUT_S = 60
 _TABLES = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -40,7 +48,8 @@ CREATE TABLE IF NOT EXISTS runs (
   scenario TEXT NOT NULL, case_name TEXT NOT NULL, torch TEXT NOT NULL, arch TEXT NOT NULL,
   backend TEXT, verdict TEXT NOT NULL, reason TEXT NOT NULL, started TEXT NOT NULL,
   kind TEXT NOT NULL,           -- run, probe or replay
-  stamp TEXT NOT NULL           -- mtime and size of result.json
+  stamp TEXT NOT NULL,          -- mtime and size of result.json, mtime of the marker
+  created INTEGER               -- ns: when the lab made the folder (its marker), NULL if not the lab's
 );
 CREATE INDEX IF NOT EXISTS runs_started ON runs (started);
 CREATE TABLE IF NOT EXISTS refs (
@@ -48,6 +57,18 @@ CREATE TABLE IF NOT EXISTS refs (
   PRIMARY KEY (path, referrer)
 );
 """
+
+
+_COLUMNS = ",".join("?" * 12)
+
+
+def _stamp(run_dir: Path, result: os.stat_result) -> str:
+    """What says a row is stale: result.json's mtime and size, the marker's mtime."""
+    try:
+        marker = str((run_dir / MARKER).lstat().st_mtime_ns)
+    except OSError:
+        marker = "-"
+    return f"{result.st_mtime_ns}:{result.st_size}:{marker}"
 
 
 class _Foreign(Exception):
@@ -98,6 +119,7 @@ class FlakyCase:
 class Collected:
     removed: tuple[Path, ...]
     kept_referenced: tuple[Path, ...]
+    not_marked: tuple[Path, ...] = ()   # run folders without the lab's marker: never removed
 
 
 def kind_of(rel: str) -> str:
@@ -171,6 +193,16 @@ class RunIndex:
                 conn.execute("COMMIT")
             if app != APPLICATION_ID:
                 raise _Foreign(f"a foreign SQLite database (application id {app:#x})")
+            if 0 < version < SCHEMA:  # an older index of this lab: a cache, rebuilt from the folders
+                conn.execute("BEGIN IMMEDIATE")
+                if self._ids(conn)[1] < SCHEMA:
+                    conn.execute("DROP TABLE IF EXISTS runs")
+                    conn.execute("DROP TABLE IF EXISTS refs")
+                    for statement in _TABLES.split(";"):
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA}")
+                conn.execute("COMMIT")
+                version = SCHEMA
             if version != SCHEMA:
                 raise _Foreign(f"index schema {version}, this lab reads {SCHEMA}")
             return conn
@@ -202,7 +234,7 @@ class RunIndex:
     def _abs(self, rel: str) -> Path:
         return Path(rel) if rel.startswith("/") else self.root / rel
 
-    def _row(self, run_dir: Path) -> tuple | None:
+    def _row(self, run_dir: Path, key: bytes | None) -> tuple | None:
         rel = self._rel(run_dir)
         file = Path(run_dir) / RESULT_NAME
         try:
@@ -210,52 +242,83 @@ class RunIndex:
             result = parse_result(file.read_bytes(), str(file))
         except (OSError, LabError):
             return None
-        stamp = f"{st.st_mtime_ns}:{st.st_size}"
+        stamp = _stamp(Path(run_dir), st)
+        created = marked_since(self.root, Path(run_dir), key)
         if isinstance(result, RunResult):
             return (rel, result.scenario, result.case, result.torch, result.arch, result.backend,
-                    result.verdict.value, result.reason, result.started, kind_of(rel), stamp)
+                    result.verdict.value, result.reason, result.started, kind_of(rel), stamp, created)
         started = datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat(timespec="seconds")
         return (rel, result.scenario, result.case, result.torch, result.arch, result.backend, result.status,
-                result.reason, started, kind_of(rel), stamp)
+                result.reason, started, kind_of(rel), stamp, created)
+
+    def _is_run(self, run_dir: Path, key: bytes | None) -> bool:
+        """Whether a folder with a result.json is a run of this root: not inside another run
+        folder, and below a marked folder only when marked itself."""
+        run_dir = Path(run_dir).resolve()
+        root = self.root.resolve()
+        if root not in run_dir.parents:
+            return True  # recorded from elsewhere (`--out`): the caller's own run folder
+        for parent in run_dir.parents:
+            if parent == root:
+                return True
+            if (parent / RESULT_NAME).exists():
+                return False
+            if (parent / MARKER).exists():
+                return marked_since(self.root, run_dir, key) is not None
+        return True
 
     def record(self, run_dir: Path) -> None:
         """Add or refresh one run folder (after its result.json is written)."""
-        row = self._row(run_dir)
+        key = runs_key(self.root, create=False)
+        if not self._is_run(run_dir, key):
+            return
+        row = self._row(run_dir, key)
         if row is None:
             return
         with self._db() as conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)", row)
+            conn.execute(f"INSERT OR REPLACE INTO runs VALUES ({_COLUMNS})", row)
             conn.execute("COMMIT")
 
     def sync(self) -> None:
         """Bring the index up to date with the folders under the root."""
         if not self.root.is_dir():
             return
-        found = dict(self._scan())
+        key = runs_key(self.root, create=False)
+        found = dict(self._scan(key))
         refs = list(self._refs())
         with self._db() as conn:
             known = dict(conn.execute("SELECT path, stamp FROM runs").fetchall())
             fresh = [row for rel, stamp in found.items() if known.get(rel) != stamp
-                     and (row := self._row(self._abs(rel))) is not None]
+                     and (row := self._row(self._abs(rel), key)) is not None]
             conn.execute("BEGIN IMMEDIATE")
             # under the write lock: a folder another process made and recorded after the walk is kept
             gone = [rel for (rel,) in conn.execute("SELECT path FROM runs")
-                    if rel not in found and not (self._abs(rel) / RESULT_NAME).exists()]
-            conn.executemany("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)", fresh)
+                    if rel not in found and (not (self._abs(rel) / RESULT_NAME).exists()
+                                             or not self._is_run(self._abs(rel), key))]
+            conn.executemany(f"INSERT OR REPLACE INTO runs VALUES ({_COLUMNS})", fresh)
             conn.executemany("DELETE FROM runs WHERE path = ?", [(g,) for g in gone])
             conn.execute("DELETE FROM refs")
             conn.executemany("INSERT OR IGNORE INTO refs VALUES (?,?,?)", refs)
             conn.execute("COMMIT")
 
-    def _scan(self) -> Iterator[tuple[str, str]]:
+    def _scan(self, key: bytes | None) -> Iterator[tuple[str, str]]:
+        """(rel, stamp) of each run folder: one with a result.json, never inside another run folder
+        (its sub-folders, a replay's `replayed/` among them, are its content), and below a marked
+        folder (an ablation's, a replay's before its result) only when marked itself."""
+        below_marked: set[str] = set()
         for folder, dirs, files in os.walk(self.root):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            here = Path(folder)
+            strict = folder in below_marked
             if RESULT_NAME in files:
-                with contextlib.suppress(OSError):
-                    st = (Path(folder) / RESULT_NAME).stat()
-                    yield self._rel(Path(folder)), f"{st.st_mtime_ns}:{st.st_size}"
-                dirs[:] = [d for d in dirs if d not in ("out", "diagnose", "repro", "wheels", "lab", "site")]
+                if not strict or marked_since(self.root, here, key) is not None:
+                    with contextlib.suppress(OSError):
+                        yield self._rel(here), _stamp(here, (here / RESULT_NAME).stat())
+                dirs[:] = []
+                continue
+            if strict or MARKER in files:
+                below_marked.update(os.path.join(folder, d) for d in dirs)
 
     def _refs(self) -> Iterator[tuple[str, str, str]]:
         for name, how in (("bisect.json", "bisect"), ("matrix.json", "matrix")):
@@ -320,7 +383,10 @@ class RunIndex:
     def gc(self, older_than: timedelta | None, keep: int | None, now: datetime | None = None,
            dry_run: bool = False) -> Collected:
         """Remove run folders older than `older_than` and beyond the newest `keep` of their case (both
-        when both are given); never a bisection's probe or a folder a bisection or bundle refers to."""
+        when both are given). Only folders the lab made for the user's runs (their marker checks
+        out) are candidates, ordered and aged by when the lab made them, never by a result.json's
+        `started`; the newest of each case is always kept (a replay's runs are ranked apart from
+        the user's own), and so are a bisection's probes and what a bisection or a bundle refers to."""
         if older_than is None and keep is None:
             raise HistoryError("`lab runs --gc` needs --older-than AGE or --keep N (or both), so that it "
                                "knows which run folders to remove.")
@@ -329,14 +395,18 @@ class RunIndex:
         if not self.root.is_dir():
             return Collected((), ())
         with self._db() as conn:
-            rows = conn.execute("SELECT path, case_name, started, kind FROM runs "
-                                "ORDER BY case_name, started DESC, path DESC").fetchall()
+            rows = conn.execute("SELECT path, case_name, created, kind FROM runs WHERE created IS NOT NULL "
+                                "ORDER BY case_name, created DESC, path DESC").fetchall()
             protected = {p for (p,) in conn.execute("SELECT path FROM refs WHERE how IN ('bisect', 'bundle')")}
+            foreign = tuple(self._abs(p) for (p,) in conn.execute("SELECT path FROM runs WHERE created IS NULL "
+                                                                  "ORDER BY path"))
+        cutoff = None if older_than is None else int((now - older_than).timestamp() * 1e9)
         removed, kept, rank = [], [], {}
-        for rel, case, started, kind in rows:
-            n = rank[case] = rank.get(case, 0) + 1
-            old = older_than is None or _parse_time(started) < now - older_than
-            surplus = keep is None or n > keep
+        for rel, case, created, kind in rows:
+            group = (case, kind == "replay")
+            n = rank[group] = rank.get(group, 0) + 1
+            old = cutoff is None or created < cutoff
+            surplus = n > max(keep if keep is not None else 1, 1)
             if not (old and surplus):
                 continue
             if kind == "probe" or rel in protected:
@@ -344,11 +414,16 @@ class RunIndex:
                 continue
             removed.append(self._abs(rel))
         if not dry_run:
-            for path in removed:
-                if (path / RESULT_NAME).is_file() and self.root.resolve() in path.resolve().parents:
+            key, done = runs_key(self.root, create=False), []
+            for path in removed:  # checked again: the folder may have changed since the sync
+                if (path / RESULT_NAME).is_file() and not path.is_symlink() \
+                        and self.root.resolve() in path.resolve().parents \
+                        and marked_since(self.root, path, key) is not None:
                     shutil.rmtree(path)
+                    done.append(path)
+            removed = done
             self.sync()
-        return Collected(tuple(removed), tuple(kept))
+        return Collected(tuple(removed), tuple(kept), foreign)
 
 
 def _parse_time(text: str) -> datetime:

@@ -36,6 +36,7 @@ from lab.core.results import (
     TorchBuild,
     UnfinishedRun,
 )
+from lab.core.runmarker import mark_run
 
 _LOG_TAIL_LINES = 200
 
@@ -77,9 +78,11 @@ def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str
         path = parent / (stem if n == 1 else f"{stem}-{n}")
         try:
             path.mkdir()
-            return path
         except FileExistsError:
             continue
+        if (note := mark_run(root, path)) is not None:  # the lab made it: `lab runs --gc` may remove it
+            logging.getLogger("lab").warning(note)
+        return path
     raise FileExistsError(f"no free run folder name under {parent}")
 
 

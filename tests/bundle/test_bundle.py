@@ -22,6 +22,8 @@ from lab.bundle.archive import (
     WHY_SLIM,
     WHY_SPECIAL,
     WHY_WHEEL,
+    BundleExistsError,
+    BundleTargetError,
     inspect_bundle,
     open_bundle,
     write_bundle,
@@ -32,6 +34,7 @@ from lab.bundle.manifest import MAX_MANIFEST_BYTES, BundleLimits
 from lab.core.errors import ResultError
 from lab.core.results import RunResult
 from lab.core.safetar import BundleError
+from tests.conftest import last_json, run_lab
 
 REAL_RUN = Path(__file__).resolve().parents[1] / "data" / "run-folders" / "20261122T120958Z-torch2.5.1-arm64"
 CREATED = datetime(2026, 11, 22, 12, 30, tzinfo=timezone.utc)
@@ -246,11 +249,53 @@ def test_default_output_in_cwd(run: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
-def test_output_inside_run_folder_is_not_bundled(run: Path) -> None:
-    first = write_bundle(run, run / "self.tar.gz", env=ENV)
-    second = write_bundle(run, run / "self.tar.gz", env=ENV)
-    assert "self.tar.gz" not in {f.path for f in second.manifest.files}
-    assert first.file_count == second.file_count
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_output_inside_the_run_folder_is_refused(run: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _tree(run)
+    (tmp_path / "link").symlink_to(run / "out")           # a link that leads into it
+    monkeypatch.chdir(run / "out")                        # the default (NAME.tar.gz here) is inside too
+    for target in (run / "self.tar.gz", run / "report.md", run / "out" / "x.tar.gz", tmp_path / "link" / "x.tar.gz",
+                   run, None):
+        with pytest.raises(BundleTargetError, match="inside the run folder it packs"):
+            write_bundle(run, target, env=ENV, force=True)
+    assert _tree(run) == before                           # nothing written, nothing replaced
+
+
+def test_an_existing_file_is_replaced_only_with_force(run: Path, tmp_path: Path) -> None:
+    target = tmp_path / "b.tar.gz"
+    target.write_bytes(b"the user's own file")
+    with pytest.raises(BundleExistsError, match="exists already.*--force"):
+        write_bundle(run, target, env=ENV)
+    assert target.read_bytes() == b"the user's own file"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no partial file left
+    precious = tmp_path / "precious.txt"                  # a link: replaced with --force, never written through
+    precious.write_bytes(b"keep me")
+    (tmp_path / "l.tar.gz").symlink_to(precious)
+    with pytest.raises(BundleExistsError):
+        write_bundle(run, tmp_path / "l.tar.gz", env=ENV)
+    info = write_bundle(run, tmp_path / "l.tar.gz", env=ENV, force=True)
+    assert precious.read_bytes() == b"keep me" and not info.path.is_symlink()
+    assert write_bundle(run, target, env=ENV, force=True).manifest.case == inspect_bundle(target).case
+    (tmp_path / "dir.tar.gz").mkdir()
+    with pytest.raises(BundleExistsError, match="not a file"):
+        write_bundle(run, tmp_path / "dir.tar.gz", env=ENV, force=True)
+
+
+def test_lab_bundle_refuses_to_overwrite_or_write_inside(run: Path, tmp_path: Path) -> None:
+    target = tmp_path / "b.tar.gz"
+    target.write_bytes(b"mine")
+    proc = run_lab("bundle", str(run), "-o", str(target))
+    assert proc.returncode == 2 and "exists already" in proc.stderr and "--force" in proc.stderr
+    assert "Traceback" not in proc.stderr and target.read_bytes() == b"mine"
+    inside = run_lab("bundle", str(run), "-o", str(run / "self.tar.gz"))
+    assert inside.returncode == 2 and "inside the run folder" in inside.stderr and not (run / "self.tar.gz").exists()
+    forced = run_lab("bundle", str(run), "-o", str(target), "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert last_json(forced.stdout)["bundle"] == str(target) and inspect_bundle(target).files
 
 
 def test_not_a_run_folder(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from lab.build.localenv import missing_system_packages, probe_python, torch_matc
 from lab.core.records import LocalImage, RunLimits
 from lab.engine.engines import EngineFacts, parse_spec
 from lab.engine.local_engine import (
+    ETC_FROM_HOST,
+    ETC_MADE,
     RUN_UID,
     Confinement,
     ForeignArchError,
@@ -24,10 +26,13 @@ from lab.engine.local_engine import (
     LocalOptions,
     NotConfinedError,
     _translate,
+    etc_files,
+    lab_ca_bundle,
     probe_bwrap,
     rlimits,
     sandbox_args,
     script_env,
+    write_etc,
 )
 from lab.engine.routing import NoEngineError, routes
 from lab.scenario.schema import Arch
@@ -42,7 +47,8 @@ def _pairs(args: list[str], flag: str) -> list[tuple[str, str]]:
 
 def test_the_sandbox_binds_the_system_read_only_and_only_out_writable():
     args = sandbox_args(tool="bwrap", image=IMAGE, out=Path("/stage/out"), limits=RunLimits(), as_root=True)
-    assert ("/usr", "/usr") in _pairs(args, "--ro-bind") and ("/etc", "/etc") in _pairs(args, "--ro-bind")
+    assert ("/usr", "/usr") in _pairs(args, "--ro-bind")
+    assert not any(dest == "/etc" for _, dest in _pairs(args, "--ro-bind"))  # a minimal /etc, not the host's
     assert _pairs(args, "--bind") == [("/stage/out", "/out")]  # the only writable bind
     ro = dict(_pairs(args, "--ro-bind"))
     assert ro["/runs/r/repro"] == "/lab/repro" and ro["/runs/r/tools"] == "/lab/tools"
@@ -87,7 +93,7 @@ def test_the_run_user_reaches_a_python_below_a_system_folders_parent(monkeypatch
         (top / "opt" / "torch" / "venv" / "marker").write_text("readable\n")
         for d in (top, top / "opt", top / "opt" / "torch"):
             d.chmod(0o755)
-        monkeypatch.setattr("lab.engine.local_engine.SYSTEM_DIRS", ("/usr", "/etc", str(top / "opt" / "nvidia")))
+        monkeypatch.setattr("lab.engine.local_engine.SYSTEM_DIRS", ("/usr", str(top / "opt" / "nvidia")))
         for name in ("repro", "tools", "out"):
             (tmp_path / name).mkdir()
         image = replace(IMAGE, binds=(str(top / "opt" / "torch" / "venv"),), lab_dir=tmp_path)
@@ -98,6 +104,53 @@ def test_the_run_user_reaches_a_python_below_a_system_folders_parent(monkeypatch
         assert proc.returncode == 0 and proc.stdout == "readable\n", proc.stderr
     finally:
         shutil.rmtree(top)
+
+
+def test_the_sandbox_shows_a_minimal_etc(tmp_path):
+    """The lab's own passwd, group, hosts and nsswitch.conf; of the host's /etc only ETC_FROM_HOST
+    (and resolv.conf and hosts with network), never pip.conf, shadow or ssl/private."""
+    made = write_etc(tmp_path / "etc")
+    args = sandbox_args(tool="bwrap", image=IMAGE, out=Path("/o"), limits=RunLimits(), as_root=True, made_etc=made,
+                        ca_bundle="/etc/ssl/certs/ca-certificates.crt")
+    etc = {dest: src for src, dest in _pairs(args, "--ro-bind") if dest.startswith("/etc/")}
+    assert args[args.index("/etc") - 3:args.index("/etc") + 1] == ["--perms", "0755", "--dir", "/etc"]
+    for name in ETC_MADE:
+        assert etc["/etc/" + name] == str(made / name)
+    host = {d for d, s in etc.items() if s == d}
+    assert host == {"/etc/" + n for n in ETC_FROM_HOST if os.path.exists("/etc/" + n)}
+    assert {"/etc/ld.so.cache", "/etc/ssl/certs"} <= host or not os.path.exists("/etc/ld.so.cache")
+    if os.path.isdir("/etc/alternatives"):  # Debian's cc and c++ go through it
+        assert "/etc/alternatives" in host
+    assert not {"/etc/pip.conf", "/etc/shadow", "/etc/ssl/private", "/etc/resolv.conf"} & set(etc)
+    text = {name: (made / name).read_text() for name in ETC_MADE}
+    assert text == etc_files() and f"lab:x:{RUN_UID}:{RUN_UID}:lab:/tmp:" in text["passwd"]
+    assert "lab:x:10001:" in text["group"] and text["hosts"].startswith("127.0.0.1\tlocalhost")
+    assert "files dns" in text["nsswitch.conf"] and "systemd" not in text["nsswitch.conf"]
+    with_net = sandbox_args(tool="bwrap", image=IMAGE, out=Path("/o"), limits=RunLimits(network=True),
+                            as_root=True, made_etc=made)
+    net = {dest: src for src, dest in _pairs(with_net, "--ro-bind") if dest.startswith("/etc/")}
+    for name in ("resolv.conf", "hosts"):
+        if os.path.exists("/etc/" + name):
+            assert net["/etc/" + name] == "/etc/" + name
+
+
+def test_the_labs_ca_bundle_is_shown_only_from_etc(tmp_path, monkeypatch):
+    real = {"/etc/pki/tls/certs/ca-bundle.crt", "/etc/lab-ca/corp.pem", "/etc/ssl/certs/x.pem"}
+    monkeypatch.setattr("lab.engine.local_engine.os.path.exists", lambda p: p in real or p == "/etc/ssl/certs")
+    monkeypatch.setattr("lab.engine.local_engine.os.path.isdir", lambda p: p == "/etc/ssl/certs")
+
+    def binds(ca):
+        args = sandbox_args(tool="bwrap", image=IMAGE, out=Path("/o"), limits=RunLimits(), as_root=True, ca_bundle=ca)
+        return [dest for _, dest in _pairs(args, "--ro-bind") if dest.startswith("/etc/")]
+    assert binds("/etc/lab-ca/corp.pem") == ["/etc/lab-ca/corp.pem", "/etc/ssl/certs"]
+    assert binds("/etc/ssl/certs/x.pem") == ["/etc/ssl/certs"]          # inside a folder already shown
+    assert binds("/etc/../etc/lab-ca/corp.pem") == ["/etc/ssl/certs"]   # never a path that climbs
+    assert binds(None) == ["/etc/ssl/certs"]
+    monkeypatch.undo()
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert lab_ca_bundle({"PIP_CERT": "", "SSL_CERT_FILE": str(ca), "REQUESTS_CA_BUNDLE": "/nowhere"}) == str(ca)
+    assert lab_ca_bundle({"PIP_CERT": str(tmp_path / "absent.pem")}) is None and lab_ca_bundle({}) is None
 
 
 def test_network_only_when_allowed_and_gpu_nodes_only_for_gpu_cases(monkeypatch):

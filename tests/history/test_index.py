@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.core.runmarker import mark_run
 from lab.history.index import BUNDLES_LOG, INDEX_NAME, HistoryError, RunIndex, note_bundle, parse_age, parse_since
 from tests.conftest import DATA, ROOT, last_json, run_lab
 
@@ -19,13 +20,18 @@ NOW = datetime(2026, 11, 23, 12, tzinfo=timezone.utc)
 
 
 def make_run(root: Path, rel: str, *, torch="2.5.1", arch="arm64", verdict="reproduced", days_ago=0.0,
-             scenario="libgomp-aarch64") -> Path:
-    """A run folder with a real result.json (of the committed run), its case and verdict changed."""
+             scenario="libgomp-aarch64", started: str | None = None, marked: bool = True) -> Path:
+    """A run folder with a real result.json (of the committed run), its case and verdict changed,
+    marked by the lab as made `days_ago` (as lab.report.run_folder.new_run_dir marks it now).
+    `started` (default: the same time) is what the result.json claims."""
     folder = root / rel
     folder.mkdir(parents=True)
-    started = (NOW - timedelta(days=days_ago)).isoformat(timespec="seconds")
+    made = NOW - timedelta(days=days_ago)
+    if marked:
+        assert mark_run(root, folder, created_ns=int(made.timestamp() * 1e9)) is None
     data = {**REAL, "scenario": scenario, "case": f"{scenario}[torch={torch},arch={arch}]", "torch": torch,
-            "arch": arch, "verdict": verdict, "started": started, "run_dir": str(folder)}
+            "arch": arch, "verdict": verdict, "started": started or made.isoformat(timespec="seconds"),
+            "run_dir": str(folder)}
     (folder / "result.json").write_text(json.dumps(data))
     return folder
 
@@ -149,6 +155,10 @@ def test_gc_keep_n_per_case(root):
     removed = RunIndex(root).gc(None, 1, now=NOW).removed
     assert [p.name for p in removed] == ["20261120T100000Z-torch2.5.1-arm64"]
     assert RunIndex(root).gc(timedelta(days=30), 0, now=NOW).removed == ()    # none is that old
+    # --keep 0, or an age alone, still keeps the newest run of each case
+    assert RunIndex(root).gc(None, 0, now=NOW + timedelta(days=400)).removed == ()
+    assert RunIndex(root).gc(timedelta(days=1), None, now=NOW + timedelta(days=400)).removed == ()
+    assert len(RunIndex(root).query()) == 3
     with pytest.raises(HistoryError, match="--older-than AGE or --keep N"):
         RunIndex(root).gc(None, None)
 
