@@ -27,7 +27,9 @@ __all__ = ["OWN_CODE_TYPES", "innermost_torch_frame", "observed", "own_code_erro
 
 OWN_CODE_TYPES = frozenset({"NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "TabError",
                             "ImportError", "ModuleNotFoundError"})
-_TORCH_PATH = re.compile(r"(?:^|/)(torch/.+)$")
+# The last `torch/` folder of the path: `/opt/torch/.venv/.../site-packages/torch/_dynamo/x.py` is torch's
+# `torch/_dynamo/x.py`, not `torch/.venv/...` (a venv under a folder named torch, as on a GPU host).
+_TORCH_PATH = re.compile(r"^(?:.*/)?(torch/.+)$")
 _LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen")
 
 

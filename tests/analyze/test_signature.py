@@ -137,3 +137,18 @@ def test_exit_code_only():
     assert Expect(exit_code=1).exit_code_only
     assert not Expect(exit_code=1, traceback_contains="x").exit_code_only
     assert not Expect.model_validate({"exit_code": 1, "signature": {"signal": "SIGSEGV"}}).exit_code_only
+
+
+def test_a_venv_under_a_folder_named_torch_is_not_torch():
+    """The GPU host's Python lives in /opt/torch/.venv (tests/data/local-gpu/2026-11-27-minimal-etc): its
+    result.json, captured before this fix, recorded the frame as `torch/.venv/.../torch/_dynamo/...`. The
+    innermost torch frame is the torch package's own path."""
+    import json
+
+    from lab.analyze.tracebacks import ExceptionInfo
+    data = json.loads((DATA.parent / "local-gpu" / "2026-11-27-minimal-etc" / "result.json").read_text())
+    where, _, func = data["signature"]["frame"].partition(" in ")
+    assert where.startswith("torch/.venv/")
+    exc = ExceptionInfo(type="torch._dynamo.exc.Unsupported", message="x",
+                        frames=("/lab/repro/dlpack_compile.py:30 in <module>", f"/opt/{where}:838 in {func}"))
+    assert innermost_torch_frame(exc) == "torch/_dynamo/eval_frame.py in compile_wrapper"
