@@ -27,6 +27,7 @@ import jinja2
 
 from lab import __version__
 from lab.build.crossinstall import (
+    FREEZE_FILE,
     VENV_IN_IMAGE,
     Installer,
     Site,
@@ -393,15 +394,28 @@ def plan_build(case: Case, host: HostPip, events: Events = no_events,
     `sealed` (a replay): wheels only, resolved on the host. A requirement the host did not resolve
     to a wheel is refused (lab.build.wheelsonly.SourceBuildError) before anything is built, unless
     `sealed.source_builds`; otherwise the image's pip.conf names no index, only /lab/wheels, which
-    holds the host's wheels of what the venv seeds itself (pip, setuptools) and a requirement needs."""
+    holds the host's wheels of what the venv seeds itself (pip, setuptools) and a requirement needs.
+    When the host's tree holds everything (no pip runs in the build), the context is the same as
+    `lab run`'s, so a replay reuses the user's own image of the same case."""
     dockerfile = render_dockerfile(case)
-    site = (no_site(case, "cross-install not requested") if installer is None else
-            prepare_site(case, host, events, installer))
+    if sealed is not None and sealed.source_builds and _direct_references(case):
+        site = no_site(case, "the bundle names a direct URL, VCS or path reference, which this host does not fetch; "
+                             "with --allow-source-builds")
+        for note in site.notes:
+            events("site", note)
+    else:
+        site = (no_site(case, "cross-install not requested") if installer is None else
+                prepare_site(case, host, events, installer))
     files = context_files(case, dockerfile, host, site)
     if sealed is not None:
         files = _sealed_files(case, host, site, files, sealed)
     return BuildPlan(case=case, dockerfile=dockerfile, files=files, digest=context_digest(files), site=site,
                      host_wheels=tuple(local_wheels(host, case.requirements, case.wheel_tags)), sealed=sealed)
+
+
+def _direct_references(case: Case) -> bool:
+    from lab.build.wheelsonly import direct_references
+    return bool(direct_references(case.scenario.pip))
 
 
 def _sealed_files(case: Case, host: HostPip, site: Site, files: tuple[ContextEntry, ...],
@@ -411,6 +425,8 @@ def _sealed_files(case: Case, host: HostPip, site: Site, files: tuple[ContextEnt
     if missing and sealed.source_builds:
         return files  # pip in the image installs them, from the indexes without credentials
     wheelsonly.refuse_unresolved(missing, file=sealed.scenario_file)
+    if site.root is not None and (site.root / FREEZE_FILE).is_file():
+        return files  # the tree holds everything: no pip runs in the build, the context is `lab run`'s
     wheels = wheelsonly.seeded_wheels(site, case.requirements, host, site.target, case.wheel_tags) \
         if site.target is not None else ()
     ca = host.ca_bundle is not None and host.ca_bundle.stat().st_size > 0

@@ -284,3 +284,20 @@ def test_the_cli_marks_above_default_values_in_bold_red():
     assert "\x1b[1;31mup to 1024 GiB and 100000 files (above this lab's default 1 GiB)" in text
     assert "memory           8 GiB" in text and "\x1b[1;31m8 GiB" not in text
 
+
+
+def test_a_complete_host_tree_gives_the_same_context_as_the_users_own_run(cache, tmp_path):
+    from tests.build.test_crossinstall import fake_installer  # a tree that needs nothing of pip in the image
+    case = amd64_case(tmp_path)
+    sealed = plan_build(case, CREDENTIALED, installer=fake_installer, sealed=Sealed())
+    own = plan_build(case, CREDENTIALED, installer=fake_installer)
+    assert sealed.digest == own.digest and sealed.sealed is not None  # a replay reuses the user's image
+
+
+def test_with_the_flag_a_direct_reference_is_not_fetched_on_the_host(cache, tmp_path):
+    def no_uv(job, prefix):
+        raise AssertionError("uv would fetch the bundle's URL on this host")
+    case = amd64_case(tmp_path, '[numpy, "evil @ http://127.0.0.1:9/evil-1.0.tar.gz"]')
+    plan = plan_build(case, HostPip(), installer=no_uv, sealed=Sealed(source_builds=True))
+    assert plan.site.root is None and "does not fetch" in plan.notes[0]
+    assert plan.pip_in_image == case.requirements  # pip inside the build, with the default network
