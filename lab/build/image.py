@@ -4,6 +4,10 @@ Before anything is built, `check_release` refuses a torch version that the host'
 sources do not have for the case. During a build, the host's pip credentials reach the pip step
 through a one-shot server (lab.buildsecret), never through the context, and the build log that
 goes into the run folder has every credential and secret value taken out (lab.scrub).
+
+A replay's build (`plan.sealed`, a stranger's bundle) never gets those credentials, nor the proxies'
+passwords, and runs with no network (`network_mode="none"`) except where a step genuinely needs it
+(`_sealed_networks`): then it gets the engine's default network, never the host's.
 """
 
 from __future__ import annotations

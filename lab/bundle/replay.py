@@ -15,10 +15,21 @@ A bundle comes from someone else, so nothing in it is trusted, and a replay has 
 What is built: this lab's re-render of the bundled scenario, this lab's runner (`tools/`), and
 the bundle's repro script (what the scenario declares; it runs as confined as any script). The
 bundle's own Dockerfile is built only with `bundled_dockerfile=True` (`--bundled-dockerfile`):
-its RUN steps run at build time with network access, before any confinement, so the CLI warns.
-Even then, every file taken from the bundle is checked again against the manifest. From the
-replaying host come the CA bundle, the pip settings, local wheels and the cross-installed
-`site/`. A replay is a run folder, `<runs>/<scenario>/<time>-torch<v>-<arch>-replay/`, with the
+its RUN steps run at build time, as root, before any confinement, so the CLI warns. Even then,
+every file taken from the bundle is checked again against the manifest.
+
+A stranger's bundle runs nothing of its own at build time and learns no secret: its requirements
+are installed as wheels only, resolved on this host by uv (`--no-build`) from the indexes the user
+configured (lab.build.wheelsonly). A direct URL, VCS or path reference is refused by
+`prepare_replay`, and what did not resolve to a wheel by `execute_replay`, before anything is made,
+unless `allow_source_builds` (`--allow-source-builds`). The build is sealed (lab.build.render
+`Sealed`, lab.build.image): never the host's index credentials, and no network, except this lab's
+system-packages step when the base lacks the packages, and pip with `--allow-source-builds`, which
+get the engine's default network (never the host's). From the replaying host come the CA bundle,
+the pip settings without credentials (or none: `no-index` with the host's wheels), and the
+cross-installed `site/`.
+
+A replay is a run folder, `<runs>/<scenario>/<time>-torch<v>-<arch>-replay/`, with the
 unpacked bundle in `replayed/` and the comparison in `replay.json` and at the end of report.md.
 
 Only the CLI prints and asks; the text this module hands it is already made safe to show
