@@ -509,6 +509,7 @@ def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResu
                                                   "lab_version": original.lab_version},
             "replay": {"verdict": result.verdict.value, "run_dir": result.run_dir},
             "dockerfile_built": plan.built.value,
+            "source_builds_allowed": plan.allow_source_builds,
             "dockerfile_same_as_this_lab": plan.dockerfile_same,
             "dockerfile_diff": diff_text(plan) if plan.diff else None}
     (run_dir / "replay.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -518,6 +519,9 @@ def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResu
     if not comparison.same:
         lines += [f"- {line}" for line in comparison.lines] + [""]
     lines += [_built_words(plan), ""]
+    if plan.allow_source_builds:
+        lines += ["Source builds were allowed (`--allow-source-builds`): pip inside the build could install what "
+                  "was not a wheel resolved on this host, with the engine's default network.", ""]
     if plan.diff:
         lines += ["The bundled Dockerfile differs from this lab's re-render:", "", "```diff", diff_text(plan), "```",
                   ""]
