@@ -823,14 +823,20 @@ def replay_cmd(
     allow_network: Annotated[bool, typer.Option("--allow-network", help="Let the script use the network, "
                                                 "if the bundled scenario asks for it.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Build and run without asking (the summary is "
-                                      "still printed). Without a terminal the lab does not ask either.")] = False,
+                                      "still printed). Without a terminal and without --yes, replay refuses "
+                                      "(exit 4).")] = False,
     bundled_dockerfile: Annotated[bool, typer.Option(
         "--bundled-dockerfile", help="UNSAFE: build the bundle's own Dockerfile instead of this lab's "
-        "re-render of its scenario. Its RUN steps run at build time with network access.")] = False,
+        "re-render of its scenario. Its RUN steps run at build time, as root, without network.")] = False,
+    allow_source_builds: Annotated[bool, typer.Option(
+        "--allow-source-builds", help="UNSAFE: let pip inside the build install what is not a wheel resolved "
+        "on this host (a direct URL, a VCS or path reference, an sdist), with the engine's default network "
+        "and no credentials. Their build code runs at build time.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a bundle, show what it would build and run, ask, then rebuild it with this lab's templates,
-    rerun it and compare the verdict and evidence with the bundled ones. Exit 4 when you decline."""
+    rerun it and compare the verdict and evidence with the bundled ones. Exit 4 when you decline, or when
+    there is no terminal to ask on and no --yes."""
     def body() -> None:
         from lab.build.hostpip import discover
         from lab.bundle.replay import discard_replay, execute_replay, prepare_replay
@@ -838,11 +844,10 @@ def replay_cmd(
         runs_root = _runs_root(out_dir)
         engine = Engine.connect()
         plan = prepare_replay(bundle, runs_root, engine.arch, allow_network=allow_network,
-                              bundled_dockerfile=bundled_dockerfile)
+                              bundled_dockerfile=bundled_dockerfile, allow_source_builds=allow_source_builds)
         try:
             _show_replay_plan(plan)
             if not _confirm_replay(yes):
-                err.print(f"declined: nothing was built or run, and nothing was kept (exit {DECLINED}).")
                 raise typer.Exit(DECLINED)
             with Progress() as progress:
                 outcome = execute_replay(plan, engine, discover(), progress)
@@ -870,7 +875,7 @@ def replay_cmd(
 
 def _show_replay_plan(plan) -> None:
     """What a replay will build and run, on stderr, before anything happens."""
-    from lab.bundle.replay import Built
+    from lab.bundle.replay import Built, limit_lines
     from lab.core.records import format_bytes
     m, case, script = plan.manifest, plan.case, plan.script
 
@@ -888,9 +893,19 @@ def _show_replay_plan(plan) -> None:
     row("system packages", (", ".join(plan.system_packages) or "none")
         + (f" (and the lab's {', '.join(plan.lab_packages)})" if plan.lab_packages else ""))
     row("pip", ", ".join(plan.requirements))
-    row("network", "YES: the script may use the network (--allow-network)" if plan.network else "no")
+    if plan.allow_source_builds:
+        named = "; ".join(f"{r.requirement} ({r.kind})" for r in plan.source_requirements)
+        err.print(f"  {'source builds':<16} [bold red]ALLOWED (--allow-source-builds): pip inside the build may "
+                  f"fetch and build what is not a wheel resolved on this host{': ' + escape(named) if named else ''}"
+                  "; that step gets the engine's default network, never this host's credentials[/]",
+                  soft_wrap=True)
+    else:
+        row("build", "wheels resolved on this host from your indexes only; no network, no credentials"
+            + (" (the system packages step gets the default network when the base lacks them)"
+               if plan.built is Built.RENDERED else ""))
     row("GPU", "yes (all GPUs of the engine)" if plan.gpu else "no")
-    row("limits", f"{plan.limits.describe()}, timeout {case.scenario.timeout} s")
+    for limit in limit_lines(plan):
+        _limit_row(limit)
     row("environment", ", ".join(f"{k}={v}" for k, v in plan.env) or "none")
     row("script", f"{script.name} ({format_bytes(script.size)}, sha256 {script.sha256[:16]}...)"
         + (f", args: {' '.join(plan.args)}" if plan.args else ""))
@@ -919,24 +934,41 @@ def _show_replay_plan(plan) -> None:
             else "this lab's re-render is built, not the bundled one")
     if plan.built is Built.BUNDLED:
         err.print("[bold red]WARNING:[/] --bundled-dockerfile builds the bundle's own Dockerfile. Whoever made or "
-                  "edited the bundle wrote its RUN steps, and they run NOW, at build time, with network access, "
-                  "this host's proxy settings and its pip settings and CA bundle in the build context, before "
-                  "any of the lab's confinement applies. Read the Dockerfile above before you go on.",
-                  soft_wrap=True)
+                  "edited the bundle wrote its RUN steps, and they run NOW, at build time, as root in a build "
+                  "container (without network and without this host's credentials, but with its CA bundle in "
+                  "the build context), before any of the lab's confinement applies. Read the Dockerfile above "
+                  "before you go on.", soft_wrap=True)
+
+
+def _limit_row(limit) -> None:
+    """One limit of the summary; a value above this lab's default in bold red, saying so."""
+    err.print(f"  {limit.name:<16} ", end="")
+    if limit.above is None:
+        err.print(limit.value, markup=False, emoji=False, highlight=False, soft_wrap=True)
+    else:
+        err.print(f"[bold red]{escape(limit.value)} (above this lab's default {escape(limit.above)})[/]",
+                  emoji=False, highlight=False, soft_wrap=True)
 
 
 def _confirm_replay(yes: bool) -> bool:
-    """Whether to go on: --yes, no terminal to ask on, or the user's answer (no by default)."""
+    """Whether to go on: --yes, or the user's answer on a terminal (no by default). Without a
+    terminal and without --yes, no: a stranger's bundle is built only when someone said so."""
     if yes:
         err.print("--yes: building and running without asking.")
         return True
     if not sys.stdin.isatty():
-        err.print("no terminal to ask on (stdin is not a TTY): building and running, as with --yes.")
-        return True
-    try:
-        return typer.confirm("Build this image and run the script?", default=False, err=True)
-    except typer.Abort:
+        err.print(f"no terminal to ask on (stdin is not a TTY) and no --yes, so nothing was built or run, and "
+                  f"nothing was kept (exit {DECLINED}): a replay builds and runs a stranger's bundle only when you "
+                  "say so. Read the summary above, then run the same command again with --yes to build and run "
+                  "it.", soft_wrap=True)
         return False
+    try:
+        agreed = typer.confirm("Build this image and run the script?", default=False, err=True)
+    except typer.Abort:
+        agreed = False
+    if not agreed:
+        err.print(f"declined: nothing was built or run, and nothing was kept (exit {DECLINED}).")
+    return agreed
 
 
 @command("runs")

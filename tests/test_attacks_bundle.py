@@ -172,21 +172,23 @@ def test_a_tampered_dockerfile_is_not_built_the_rerender_is(honest, tmp_path, pl
     bundle, original = honest
     tampered = tamper(bundle, tmp_path / "evil.tar.gz", evil_dockerfile(place["canary"]))
     place["before"] = snapshot(tmp_path)
-    proc = replay(tampered, place, "--json")
+    proc = replay(tampered, place, "--json", "--yes")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     # shown: the summary, the diff with the tampered step, which one is built, and why nobody was asked
     assert "the bundled Dockerfile differs from this lab's re-render" in proc.stderr
     assert f"-RUN echo PWNED-{TOKEN}" in proc.stderr
     assert "this lab's re-render is built, not the bundled one" in proc.stderr
-    assert "no terminal to ask on" in proc.stderr
+    assert "--yes: building and running without asking." in proc.stderr
     assert result["replay"]["dockerfile_built"] == "rendered"
     assert result["replay"]["dockerfile_same_as_this_lab"] is False
     # not built: not in the build log, the Dockerfile that was built or the image's history
     run_dir = Path(result["run_dir"])
     assert f"PWNED-{TOKEN}" not in (run_dir / "build.log").read_text()
     assert f"PWNED-{TOKEN}" not in (run_dir / "Dockerfile").read_text()
-    assert result["image"]["tag"] == original["image"]["tag"]  # the honest image, rebuilt from this lab's render
+    # the honest image, rebuilt from this lab's render (its context differs from the original run's only in
+    # what a replay's sealed build needs: the host's setuptools wheel and a pip.conf with no index)
+    assert (run_dir / "Dockerfile").read_bytes() == (Path(original["run_dir"]) / "Dockerfile").read_bytes()
     assert f"PWNED-{TOKEN}" not in image_history(result["image"]["tag"])
     # recorded: which Dockerfile was built, and the diff
     replay_json = json.loads((run_dir / "replay.json").read_text())
@@ -202,13 +204,13 @@ def test_the_bundled_dockerfile_is_built_only_with_the_flag_and_a_warning(honest
     bundle, original = honest
     tampered = tamper(bundle, tmp_path / "evil.tar.gz", evil_dockerfile(place["canary"]))
     place["before"] = snapshot(tmp_path)
-    proc = replay(tampered, place, "--bundled-dockerfile", "--json")
+    proc = replay(tampered, place, "--bundled-dockerfile", "--json", "--yes")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     try:
         assert "WARNING:" in proc.stderr and "--bundled-dockerfile builds the bundle's own Dockerfile" in proc.stderr
-        assert "at build time, with network access" in proc.stderr
-        assert proc.stderr.index("WARNING:") < proc.stderr.index("no terminal to ask on")  # warned before going on
+        assert "at build time, as root in a build container (without network" in " ".join(proc.stderr.split())
+        assert proc.stderr.index("WARNING:") < proc.stderr.index("--yes: building")  # warned before going on
         assert f"-RUN echo PWNED-{TOKEN}" in proc.stderr  # the diff is shown here too
         assert result["replay"]["dockerfile_built"] == "bundled"
         run_dir = Path(result["run_dir"])
@@ -251,11 +253,11 @@ def test_a_tampered_script_is_shown_before_it_runs_and_runs_confined(honest, tmp
         files["repro/target.py"] = script.encode()
     tampered = tamper(bundle, tmp_path / "evil.tar.gz", edit)
     place["before"] = snapshot(tmp_path)
-    proc = replay(tampered, place, "--json")
+    proc = replay(tampered, place, "--json", "--yes")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     # the summary shows the tampered script's first lines, made safe to print, and counts the rest
-    summary = proc.stderr[:proc.stderr.index("no terminal to ask on")]
+    summary = proc.stderr[:proc.stderr.index("--yes: building")]
     assert f"1 | # TAMPERED-{TOKEN}: read me before you replay" in summary
     assert "\\x1b[2K\\x1b]0;innocent title\\x07 \\u202e hidden \\u202c" in summary
     assert "\x1b" not in proc.stderr and "\u202e" not in proc.stderr

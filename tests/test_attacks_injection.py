@@ -340,7 +340,7 @@ def test_a_bundle_whose_resolved_torch_is_hostile_is_refused_before_a_build(tmp_
     data["resolved"]["torch"] = INJECTION
     (run / "scenario.yaml").write_text(yaml.safe_dump(data))
     bundle = write_bundle(run, tmp_path / "b.tar.gz").path
-    proc = run_lab("replay", str(bundle), "--out", str(tmp_path / "runs"))  # no terminal: no question
+    proc = run_lab("replay", str(bundle), "--out", str(tmp_path / "runs"), "--yes")  # refused before building
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     error = " ".join(proc.stderr[proc.stderr.index("error:"):].split())  # after replay's progress lines
     assert proc.stderr.count("error:") == 1 and "torch" in error and "PEP 440" in error, proc.stderr

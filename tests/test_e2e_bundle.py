@@ -47,14 +47,15 @@ def _round_trip(scenario: str, runs: Path, tmp_path: Path) -> tuple[dict, dict, 
     tail = report[report.rindex("## How to replay"):]
     assert f"lab replay {bundle.name}" in tail and "docker build --platform" in tail and "docker run" in tail
 
-    replayed = run_lab("replay", str(bundle), "--out", str(runs), "--json")
+    replayed = run_lab("replay", str(bundle), "--out", str(runs), "--json", "--yes")
     assert replayed.returncode == 0, replayed.stderr[-3000:]
     result = last_json(replayed.stdout)
     assert "same verdict, same signature" in replayed.stderr
-    # without a terminal it does not ask, but first shows what it builds and runs
-    summary = replayed.stderr[:replayed.stderr.index("no terminal to ask on")]
+    # with --yes it does not ask, but first shows what it builds and runs
+    summary = replayed.stderr[:replayed.stderr.index("--yes: building and running without asking.")]
     assert f"replay of {bundle}" in summary
-    for row in ("base", "system packages", "pip", "network", "GPU", "environment", "script"):
+    for row in ("base", "system packages", "pip", "build", "network", "GPU", "memory", "pids", "CPUs", "timeout",
+                "/out copied", "stdout, stderr", "environment", "script"):
         assert f"\n  {row} " in summary, row
     assert f"torch=={original['torch']}" in summary and "     1 | " in summary
     assert "this lab's re-render of the scenario, identical to the bundled one" in summary
@@ -104,7 +105,7 @@ def test_a_hostile_bundle_is_refused_and_nothing_is_written_outside(tmp_path):
     bundle.parent.mkdir()
     _hostile(bundle)
     before = sorted(p for p in tmp_path.rglob("*"))
-    proc = run_lab("replay", str(bundle), "--out", str(tmp_path / "inner" / "runs"))
+    proc = run_lab("replay", str(bundle), "--out", str(tmp_path / "inner" / "runs"), "--yes")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "evil.tar.gz" in proc.stderr and ".." in proc.stderr

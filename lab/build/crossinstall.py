@@ -331,21 +331,34 @@ def seeded_needs(prefix: Path, target: Target) -> list[str]:
     """The requirements on pip or setuptools (which the image's venv seeds itself, see
     SEEDED_BY_VENV) that some installed distribution has on the target: then pip in the image
     must check or upgrade the venv's copy, so the tree cannot be called complete."""
+    return [f"{name}: {line}" for name, line, _ in _seeded_lines(prefix, target)]
+
+
+def seeded_requirements(prefix: Path, target: Target) -> list[str]:
+    """The readable ones of `seeded_needs` as requirements (`setuptools>=77.0.3`), markers dropped
+    (they hold on the target), each once."""
+    found: list[str] = []
+    for _, _, req in _seeded_lines(prefix, target):
+        text = f"{req.name}{req.specifier}" if req is not None else None
+        if text and text not in found:
+            found.append(text)
+    return found
+
+
+def _seeded_lines(prefix: Path, target: Target) -> Iterator[tuple[str, str, Requirement | None]]:
     env = {"python_version": target.python, "python_full_version": f"{target.python}.0",
            "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
            "platform_machine": target.machine, "implementation_name": "cpython",
            "platform_python_implementation": "CPython", "extra": ""}
-    found = []
     for name, _, requires in _dists(prefix):
         for line in requires:
             try:
                 req = Requirement(line)
             except InvalidRequirement:
-                found.append(f"{name}: {line}")  # unreadable: let pip judge it
+                yield name, line, None  # unreadable: let pip judge it
                 continue
             if canonicalize_name(req.name) in SEEDED_BY_VENV and (req.marker is None or req.marker.evaluate(env)):
-                found.append(f"{name}: {line}")
-    return found
+                yield name, line, req
 
 
 def freeze_text(prefix: Path) -> str:

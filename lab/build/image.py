@@ -4,6 +4,10 @@ Before anything is built, `check_release` refuses a torch version that the host'
 sources do not have for the case. During a build, the host's pip credentials reach the pip step
 through a one-shot server (lab.buildsecret), never through the context, and the build log that
 goes into the run folder has every credential and secret value taken out (lab.scrub).
+
+A replay's build (`plan.sealed`, a stranger's bundle) never gets those credentials, nor the proxies'
+passwords, and runs with no network (`network_mode="none"`) except where a step genuinely needs it
+(`_sealed_networks`): then it gets the engine's default network, never the host's.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from pathlib import Path
 from filelock import FileLock
 from packaging.version import Version
 
-from lab.build import releases
-from lab.build.base import ensure_base
+from lab.build import releases, wheelsonly
+from lab.build.base import bootstrap_tag, debian_suite, ensure_base
 from lab.build.buildsecret import serve_once
 from lab.build.hostpip import HostPip
 from lab.build.render import (
@@ -130,16 +134,22 @@ def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events
 
     try:
         parts = split_for_stacking(plan.dockerfile) if plan.site_image else None
+        nets = _sealed_networks(plan, base, parts is not None, events) if plan.sealed is not None else None
         if parts is None:
             site_args, files = _ensure_site_image(plan, engine, events), plan.files
         else:
             prefix, suffix, venv = parts
-            site_args = {STACK_ARG: _stacked_site(plan, engine, host, base.ref, prefix, venv, on_line, events)}
+            site_args = {STACK_ARG: _stacked_site(plan, engine, host, base.ref, prefix, venv, on_line, events,
+                                                  None if nets is None else nets[0])}
             files = _with_dockerfile(plan.files, suffix)
-        with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
+        if nets is not None:  # a replay: no credentials ever, no network unless named
             image_id = engine.build(partial(write_context, files), case.arch, base.ref, tag,
-                                    {**dict(host.proxies), **site_args, **extra_args}, on_line,
-                                    network_mode=network_mode)
+                                    {**_proxies(host, nets[1]), **site_args}, on_line, network_mode=nets[1])
+        else:
+            with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
+                image_id = engine.build(partial(write_context, files), case.arch, base.ref, tag,
+                                        {**dict(host.proxies), **site_args, **extra_args}, on_line,
+                                        network_mode=network_mode)
     except BuildError as exc:
         redact = partial(redact_secrets, urls=host.remote_urls)  # pip names the indexes, whose URLs are secrets
         raise BuildError(redact(exc.message), log=redact(exc.log),
@@ -167,15 +177,19 @@ def _ensure_site_image(plan: BuildPlan, engine: Engine, events: Events) -> dict[
 
 
 def _stacked_site(plan: BuildPlan, engine: Engine, host: HostPip, base_ref: str, prefix: str, venv: str,
-                  on_line, events: Events) -> str:
+                  on_line, events: Events, sealed_network: str | None = None) -> str:
     """The image the case is built `FROM`: the Dockerfile's steps up to the venv (the engine's build
     cache keeps them, and a layer anchor tag keeps that image), plus the cross-installed tree stacked
     on it as one layer (`Engine.stack_layer`), made once per tree and prefix. The tree crosses into
     the engine once, and no `COPY` writes it again."""
     case = plan.case
     key = hashlib.sha256(f"{prefix}\n{base_ref}".encode()).hexdigest()[:16]
+    if plan.sealed is None:
+        args, network = dict(host.proxies), None
+    else:
+        args, network = _proxies(host, sealed_network), sealed_network
     prefix_id = engine.build(partial(write_context, _with_dockerfile(plan.files, prefix)), case.arch, base_ref,
-                             f"{LAYERS_REPO}:venv-{key}", dict(host.proxies), on_line)
+                             f"{LAYERS_REPO}:venv-{key}", args, on_line, network_mode=network)
     ref = f"{plan.site_image}-{prefix_id.removeprefix('sha256:')[:12]}"
     if engine.image_id(ref) is None:
         tree = next(f for f in plan.files if isinstance(f, ContextTree) and f.arcname == SITE_DIR)
@@ -216,3 +230,47 @@ def _pip_credentials(plan: BuildPlan, engine: Engine, host: HostPip,
         events("build", "the host's index credentials reach the pip step through a one-shot URL on "
                         "127.0.0.1 (the build uses the host's network); no layer keeps them")
         yield {PIP_CONF_URL_ARG: shot.url}, "host"
+
+
+OFFLINE = "none"
+
+
+def _sealed_networks(plan: BuildPlan, base, stacked: bool, events: Events) -> tuple[str | None, str | None]:
+    """(network of the steps up to the venv, network of the rest) for a replay's build: "none"
+    (no network at all), or None (the engine's default network: the internet the engine reaches,
+    never the host's own network or loopback) where a step genuinely needs it:
+    - this lab's system-packages step, when the base lacks the packages (a base the lab bootstrapped
+      with them has them: then apt does not run);
+    - pip in the image with --allow-source-builds, when the host left requirements to it.
+    A bundle's own Dockerfile gets no network at all. No step gets the host's index credentials."""
+    sealed = plan.sealed
+    assert sealed is not None
+    case = plan.case
+    apt = sealed.rendered and not _has_packages(base, case)
+    pip = sealed.rendered and sealed.source_builds and plan.site is not None and \
+        bool(wheelsonly.unresolved(plan.site, case.requirements))
+    if not stacked:
+        apt = pip = apt or pip
+    first, rest = (None if apt else OFFLINE), (None if pip else OFFLINE)
+    said = {OFFLINE: "no network", None: "the engine's default network, with no credentials"}
+    if first == rest:
+        events("build", f"a replay's build: {said[first]}; the host's index credentials are never passed")
+    else:
+        events("build", f"a replay's build: the system packages step ({', '.join(system_packages(case))}) with "
+                        f"{said[first]}, the rest with {said[rest]}; the host's index credentials are never passed")
+    return first, rest
+
+
+def _has_packages(base, case) -> bool:
+    """Whether the base is one the lab bootstrapped with the case's system packages included."""
+    suite = debian_suite(case.scenario.base)
+    return base.origin == "bootstrapped" and suite is not None and \
+        base.ref == bootstrap_tag(suite, case.arch, system_packages(case))
+
+
+def _proxies(host: HostPip, network: str | None) -> dict[str, str]:
+    """The host's proxy variables for a replay's step: none when it has no network, else without
+    their `user:password@`."""
+    if network == OFFLINE:
+        return {}
+    return {k: strip_url_credentials(v) for k, v in host.proxies}

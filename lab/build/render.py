@@ -27,6 +27,7 @@ import jinja2
 
 from lab import __version__
 from lab.build.crossinstall import (
+    FREEZE_FILE,
     VENV_IN_IMAGE,
     Installer,
     Site,
@@ -87,6 +88,24 @@ class ContextTree:
 ContextEntry = ContextFile | ContextTree
 
 
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """How a build of a stranger's bundle (`lab replay`) is confined: it never gets the host's index
+    credentials, and its steps get no network (`network_mode="none"`) except where named here.
+
+    `rendered`: the Dockerfile is this lab's re-render, so its steps before the venv (the system
+    packages, from the base's own Debian sources) are the lab's: they get the engine's default
+    network, and the host's proxies without credentials, when the base lacks the packages
+    (lab.build.image). A bundle's own Dockerfile (`--bundled-dockerfile`) gets no network at all.
+    `source_builds` (`--allow-source-builds`): pip in the image may install what the host did not
+    resolve to wheels; that step then gets the engine's default network (never the host's), and
+    still no credentials."""
+
+    rendered: bool = True
+    source_builds: bool = False
+    scenario_file: str | None = None  # how errors name the bundled scenario
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     case: Case
@@ -95,6 +114,7 @@ class BuildPlan:
     digest: str  # sha256 over every context file's content and the site tree's digest
     site: Site | None = None  # what was cross-installed on the host into site/
     host_wheels: tuple[Path, ...] = ()  # local wheels pip in the image needs when site/ is empty
+    sealed: Sealed | None = None  # a replay's build (see Sealed); None: the user's own, as `lab run`
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -104,6 +124,12 @@ class BuildPlan:
     @property
     def platform(self) -> str:
         return self.case.arch.platform
+
+    @property
+    def pip_in_image(self) -> tuple[str, ...]:
+        """What pip inside the image still has to install (nothing when the host's tree is complete)."""
+        site = self.site or no_site(self.case, "cross-install not requested")
+        return site.in_image(self.case.requirements)
 
     @property
     def tag(self) -> str:
@@ -362,15 +388,55 @@ def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
 
 
 def plan_build(case: Case, host: HostPip, events: Events = no_events,
-               installer: Installer | None = install_with_uv) -> BuildPlan:
+               installer: Installer | None = install_with_uv, sealed: Sealed | None = None) -> BuildPlan:
     """The Dockerfile and the context, with the requirements cross-installed on the host into
-    site/ (from the lab's cache when there). `installer=None` leaves all of it to pip in the image."""
+    site/ (from the lab's cache when there). `installer=None` leaves all of it to pip in the image.
+
+    `sealed` (a replay): wheels only, resolved on the host. A requirement the host did not resolve
+    to a wheel is refused (lab.build.wheelsonly.SourceBuildError) before anything is built, unless
+    `sealed.source_builds`; otherwise the image's pip.conf names no index, only /lab/wheels, which
+    holds the host's wheels of what the venv seeds itself (pip, setuptools) and a requirement needs.
+    When the host's tree holds everything (no pip runs in the build), the context is the same as
+    `lab run`'s, so a replay reuses the user's own image of the same case."""
     dockerfile = render_dockerfile(case)
-    site = (no_site(case, "cross-install not requested") if installer is None else
-            prepare_site(case, host, events, installer))
+    if sealed is not None and sealed.source_builds and _direct_references(case):
+        site = no_site(case, "the bundle names a direct URL, VCS or path reference, which this host does not fetch; "
+                             "with --allow-source-builds")
+        for note in site.notes:
+            events("site", note)
+    else:
+        site = (no_site(case, "cross-install not requested") if installer is None else
+                prepare_site(case, host, events, installer))
     files = context_files(case, dockerfile, host, site)
+    if sealed is not None:
+        files = _sealed_files(case, host, site, files, sealed)
     return BuildPlan(case=case, dockerfile=dockerfile, files=files, digest=context_digest(files), site=site,
-                     host_wheels=tuple(local_wheels(host, case.requirements, case.wheel_tags)))
+                     host_wheels=tuple(local_wheels(host, case.requirements, case.wheel_tags)), sealed=sealed)
+
+
+def _direct_references(case: Case) -> bool:
+    from lab.build.wheelsonly import direct_references
+    return bool(direct_references(case.scenario.pip))
+
+
+def _sealed_files(case: Case, host: HostPip, site: Site, files: tuple[ContextEntry, ...],
+                  sealed: Sealed) -> tuple[ContextEntry, ...]:
+    from lab.build import wheelsonly
+    missing = wheelsonly.unresolved(site, case.requirements)
+    if missing and sealed.source_builds:
+        return files  # pip in the image installs them, from the indexes without credentials
+    wheelsonly.refuse_unresolved(missing, file=sealed.scenario_file)
+    if site.root is not None and (site.root / FREEZE_FILE).is_file():
+        return files  # the tree holds everything: no pip runs in the build, the context is `lab run`'s
+    wheels = wheelsonly.seeded_wheels(site, case.requirements, host, site.target, case.wheel_tags) \
+        if site.target is not None else ()
+    ca = host.ca_bundle is not None and host.ca_bundle.stat().st_size > 0
+    kept = [f for f in files if f.arcname != "lab/pip.conf" and not
+            (f.arcname.startswith("wheels/") and f.arcname.endswith(".whl"))]
+    kept.append(ContextFile("lab/pip.conf", wheelsonly.sealed_pip_conf(CA_IN_IMAGE if ca else None,
+                                                                       WHEELS_IN_IMAGE).encode()))
+    kept += [ContextFile("wheels/" + w.name, source=w) for w in dict.fromkeys(wheels)]
+    return tuple(sorted(kept, key=lambda f: f.arcname))
 
 
 # What a run folder must not send to `docker build .`: the run's own records.

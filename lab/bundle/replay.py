@@ -15,10 +15,21 @@ A bundle comes from someone else, so nothing in it is trusted, and a replay has 
 What is built: this lab's re-render of the bundled scenario, this lab's runner (`tools/`), and
 the bundle's repro script (what the scenario declares; it runs as confined as any script). The
 bundle's own Dockerfile is built only with `bundled_dockerfile=True` (`--bundled-dockerfile`):
-its RUN steps run at build time with network access, before any confinement, so the CLI warns.
-Even then, every file taken from the bundle is checked again against the manifest. From the
-replaying host come the CA bundle, the pip settings, local wheels and the cross-installed
-`site/`. A replay is a run folder, `<runs>/<scenario>/<time>-torch<v>-<arch>-replay/`, with the
+its RUN steps run at build time, as root, before any confinement, so the CLI warns. Even then,
+every file taken from the bundle is checked again against the manifest.
+
+A stranger's bundle runs nothing of its own at build time and learns no secret: its requirements
+are installed as wheels only, resolved on this host by uv (`--no-build`) from the indexes the user
+configured (lab.build.wheelsonly). A direct URL, VCS or path reference is refused by
+`prepare_replay`, and what did not resolve to a wheel by `execute_replay`, before anything is made,
+unless `allow_source_builds` (`--allow-source-builds`). The build is sealed (lab.build.render
+`Sealed`, lab.build.image): never the host's index credentials, and no network, except this lab's
+system-packages step when the base lacks the packages, and pip with `--allow-source-builds`, which
+get the engine's default network (never the host's). From the replaying host come the CA bundle,
+the pip settings without credentials (or none: `no-index` with the host's wheels), and the
+cross-installed `site/`.
+
+A replay is a run folder, `<runs>/<scenario>/<time>-torch<v>-<arch>-replay/`, with the
 unpacked bundle in `replayed/` and the comparison in `replay.json` and at the end of report.md.
 
 Only the CLI prints and asks; the text this module hands it is already made safe to show
@@ -45,8 +56,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lab.build.hostpip import HostPip
-from lab.build.render import BASE_PACKAGES, ContextFile, context_digest, plan_build, render_dockerfile
+from lab.build.render import BASE_PACKAGES, ContextFile, Sealed, context_digest, plan_build, render_dockerfile
 from lab.build.resolve import BACKENDS, MODES, Case, resolve
+from lab.build.wheelsonly import DirectReference, direct_references, refuse_references
 from lab.bundle.archive import Unpacked, unpack_bundle
 from lab.bundle.compare import Comparison, compare
 from lab.bundle.manifest import Manifest
@@ -118,6 +130,9 @@ class ReplayPlan:
     unpacked: Unpacked               # the bundle unpacked in `scratch` (moved by execute_replay)
     scratch: Path
     made_root: Path | None           # the runs folder, when prepare_replay created it
+    display: str = "scenario.yaml"   # how errors name the bundled scenario
+    allow_source_builds: bool = False  # --allow-source-builds: requirements that are not host-resolved wheels
+    source_requirements: tuple[DirectReference, ...] = ()  # direct URL, VCS, path: allowed by the flag
 
     @property
     def dockerfile_same(self) -> bool:
@@ -158,6 +173,45 @@ class ReplayPlan:
         return f"{self.unpacked.folder.name}/repro/{self.script.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class LimitLine:
+    """One limit of a replay's run as the summary shows it, with this lab's default when the bundle
+    raises it above that (the CLI marks those)."""
+
+    name: str
+    value: str
+    above: str | None = None   # "this lab's default", shown when the value is above it
+
+
+def limit_lines(plan: ReplayPlan) -> tuple[LimitLine, ...]:
+    """Every limit the replay's script runs under: memory, pids, CPUs, timeout, the /out and the
+    stdout/stderr caps, and network, each compared with this lab's defaults (`Limits()`,
+    `Scenario.timeout`), which a bundle may raise (up to `1t` for /out)."""
+    from lab.core.records import format_bytes
+    from lab.scenario.schema import Limits, Scenario
+    lim, ours = plan.limits, Limits()
+    timeout, default_timeout = plan.case.scenario.timeout, Scenario.model_fields["timeout"].default
+
+    def above(value: float | None, default: float | None, shown: str) -> str | None:
+        if value is None:
+            return None
+        return shown if default is None or value > default else None
+
+    return (
+        LimitLine("memory", format_bytes(lim.memory_bytes),
+                  above(lim.memory_bytes, ours.memory_bytes, format_bytes(ours.memory_bytes))),
+        LimitLine("pids", str(lim.pids) if lim.pids else "unlimited", above(lim.pids, ours.pids, str(ours.pids))),
+        LimitLine("CPUs", f"{lim.cpus:g}" if lim.cpus else "all of the engine's"),  # the default is all
+        LimitLine("timeout", f"{timeout} s", above(timeout, default_timeout, f"{default_timeout} s")),
+        LimitLine("/out copied", f"up to {format_bytes(lim.output_bytes)} and {lim.output_files} files",
+                  above(lim.output_bytes, ours.output_bytes, format_bytes(ours.output_bytes))),
+        LimitLine("stdout, stderr", f"kept up to {format_bytes(lim.stream_bytes)} each",
+                  above(lim.stream_bytes, ours.logs_bytes, format_bytes(ours.logs_bytes))),
+        LimitLine("network", "YES: the script may use the network (--allow-network)" if lim.network else "no",
+                  "no network" if lim.network else None),
+    )
+
+
 @dataclass(frozen=True)
 class ReplayOutcome:
     run_dir: Path
@@ -188,11 +242,13 @@ class _Resolved(BaseModel):
 
 
 def prepare_replay(bundle: Path, runs_root: Path, host_arch: Arch, *, allow_network: bool = False,
-                   bundled_dockerfile: bool = False) -> ReplayPlan:
+                   bundled_dockerfile: bool = False, allow_source_builds: bool = False) -> ReplayPlan:
     """Unpack and check a bundle, validate its scenario and re-render it; build and run nothing.
 
     The caller shows the plan, asks, then calls `execute_replay` or `discard_replay`. A
-    BundleError or ScenarioError (bad input) leaves nothing behind.
+    BundleError or ScenarioError (bad input) leaves nothing behind. A requirement that names a
+    direct URL, a VCS repository or a path is refused here (SourceBuildError) unless
+    `allow_source_builds`: a replay installs wheels resolved on this host only (lab.build.wheelsonly).
     """
     from lab.pipeline import run_limits
 
@@ -212,6 +268,10 @@ def prepare_replay(bundle: Path, runs_root: Path, host_arch: Arch, *, allow_netw
                 "confirm.", file=display, line=lines.get(("network",)), field="network",
                 hint="Read the script, then replay with --allow-network.")
         limits = run_limits(case, allow_network)
+        references = direct_references(case.scenario.pip)
+        if not allow_source_builds:
+            refuse_references(references, file=display,
+                              line=lines.get(("pip", references[0].index)) if references else None)
         script = _script_head(unpacked.read_checked(f"repro/{case.scenario.script.name}"), case.scenario.script.name)
         bundled = _bundled_dockerfile(unpacked, required=bundled_dockerfile)
         rendered = _with_provenance(render_dockerfile(case), bundled)
@@ -222,7 +282,8 @@ def prepare_replay(bundle: Path, runs_root: Path, host_arch: Arch, *, allow_netw
                           rendered=rendered, bundled=None if bundled is None else bundled.decode("utf-8", "replace"),
                           diff=diff, diff_cut=cut, built=Built.BUNDLED if bundled_dockerfile else Built.RENDERED,
                           masked=masked, unpacked=Unpacked(src, unpacked.manifest), scratch=scratch,
-                          made_root=made_root)
+                          made_root=made_root, display=display, allow_source_builds=allow_source_builds,
+                          source_requirements=references)
     except BaseException:
         _remove(scratch, made_root)
         raise
@@ -395,6 +456,11 @@ def execute_replay(plan: ReplayPlan, engine: Engine, host: HostPip, events: Even
     if run_case is None:
         from lab.pipeline import run_case
 
+    # wheels only, resolved on this host, before anything is made: an unresolved requirement is
+    # refused here (lab.build.wheelsonly), and the build is sealed (lab.build.image)
+    sealed = Sealed(rendered=plan.built is Built.RENDERED, source_builds=plan.allow_source_builds,
+                    scenario_file=plan.display)
+    planned = plan_build(plan.case, host, events, sealed=sealed)
     run_dir = report.new_run_dir(plan.runs_root, plan.case, suffix="replay")
     os.replace(plan.unpacked.folder, run_dir / REPLAYED)
     src = Unpacked(run_dir / REPLAYED, plan.manifest)
@@ -412,7 +478,7 @@ def execute_replay(plan: ReplayPlan, engine: Engine, host: HostPip, events: Even
         else plan.rendered.encode("utf-8")
     events("replay", "building the bundle's own Dockerfile (--bundled-dockerfile)" if plan.built is Built.BUNDLED
            else "building this lab's re-render of the bundled scenario")
-    build = _swap(plan_build(case, host, events), {"Dockerfile": dockerfile, f"repro/{plan.script.name}": script})
+    build = _swap(replace(planned, case=case), {"Dockerfile": dockerfile, f"repro/{plan.script.name}": script})
     diagnose = plan.original.graph_breaks is not None  # needed to compare graph-break counts
     outcome = run_case(case, engine, host, plan.runs_root, events, run_dir=run_dir, plan=build, diagnose=diagnose,
                        allow_network=plan.network)
@@ -443,6 +509,7 @@ def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResu
                                                   "lab_version": original.lab_version},
             "replay": {"verdict": result.verdict.value, "run_dir": result.run_dir},
             "dockerfile_built": plan.built.value,
+            "source_builds_allowed": plan.allow_source_builds,
             "dockerfile_same_as_this_lab": plan.dockerfile_same,
             "dockerfile_diff": diff_text(plan) if plan.diff else None}
     (run_dir / "replay.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -452,6 +519,9 @@ def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResu
     if not comparison.same:
         lines += [f"- {line}" for line in comparison.lines] + [""]
     lines += [_built_words(plan), ""]
+    if plan.allow_source_builds:
+        lines += ["Source builds were allowed (`--allow-source-builds`): pip inside the build could install what "
+                  "was not a wheel resolved on this host, with the engine's default network.", ""]
     if plan.diff:
         lines += ["The bundled Dockerfile differs from this lab's re-render:", "", "```diff", diff_text(plan), "```",
                   ""]

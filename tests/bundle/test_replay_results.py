@@ -38,8 +38,10 @@ class FakeRun:
 
 
 def replay(bundle, engine, host, runs_root, run_case):
-    """prepare, then execute with a fake runner, as `lab replay --yes` does."""
-    plan = prepare_replay(bundle, runs_root, Arch.AMD64)
+    """prepare, then execute with a fake runner, as `lab replay --yes` does. Without uv here nothing
+    resolves to wheels on the host, so this replays with --allow-source-builds (the fake runner
+    builds nothing; tests/bundle/test_wheels_only.py tests the refusal)."""
+    plan = prepare_replay(bundle, runs_root, Arch.AMD64, allow_source_builds=True)
     try:
         return execute_replay(plan, engine, host, run_case=run_case), plan
     finally:
