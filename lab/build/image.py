@@ -44,7 +44,7 @@ from lab.build.resolve import Case
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError
 from lab.core.records import BuiltImage, Events, no_events
-from lab.core.scrub import redact_secrets, redact_url
+from lab.core.scrub import redact_secrets, redact_url, strip_url_credentials
 from lab.engine.docker_engine import LAYERS_REPO, Engine
 
 PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf

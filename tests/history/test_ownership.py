@@ -72,7 +72,7 @@ def test_a_forged_bundle_replayed_is_not_a_user_run_and_gc_keeps_the_users_newes
     newest = user_run(root, case, days_ago=35)   # the user's newest real run of the case, 35 days old
 
     # the real replay path: check and unpack, then move into a new run folder; the run is faked
-    plan = prepare_replay(bundle, root, Arch.AMD64)
+    plan = prepare_replay(bundle, root, Arch.AMD64, allow_source_builds=True)  # no uv here: LAB_CROSS_INSTALL=0
     try:
         assert plan.original.started == FUTURE and plan.original.case == case.name
         outcome = execute_replay(plan, None, HostPip(), run_case=FakeRun(plan.original))
@@ -106,7 +106,7 @@ def test_an_unfinished_replay_does_not_index_the_bundled_result(tmp_path):
         assert RunIndex(runs_root).query() == []  # while it runs, too
         raise KeyboardInterrupt
 
-    plan = prepare_replay(bundle, root, Arch.AMD64)
+    plan = prepare_replay(bundle, root, Arch.AMD64, allow_source_builds=True)  # no uv here: LAB_CROSS_INSTALL=0
     with pytest.raises(KeyboardInterrupt):
         execute_replay(plan, None, HostPip(), run_case=interrupted)
     discard_replay(plan)
