@@ -164,14 +164,27 @@ def test_a_hanging_script_times_out_and_leaves_no_container(runs):
     assert not [c for c in left if "sleeper" in c.labels.get("org.torch-repro-lab.case", "")]
 
 
-def test_gpu_scenario_without_gpu_runtime_names_the_cpu_variant(runs):
-    client = docker.from_env()
-    if "nvidia" in (client.info().get("Runtimes") or {}):
-        pytest.skip("this engine has the NVIDIA runtime: the GPU scenario would really run")
-    proc = run_lab("run", "dlpack-cuda", "--out", str(runs))
-    assert proc.returncode != 0
-    assert "lab run dlpack-cpu" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_gpu_scenario_on_an_engine_without_gpus_stops_before_the_build_with_the_engines_answer(tmp_path):
+    """The CUDA seed on this engine (no GPU, no NVIDIA Container Toolkit): `lab run`, a matrix and a
+    bisection each stop before anything is built, with one paragraph that names the engine, carries
+    its own refusal of the device request, the fix, and the CPU variant."""
+    from lab.engine import gpu
+    from lab.engine.docker_engine import Engine
+    engine = Engine.connect()
+    if gpu.check(engine, make_image=True).ok:
+        pytest.skip("this engine gives containers the GPUs: the GPU scenario would really run")
+    for args in (["run", "dlpack-cuda"], ["run", "dlpack-cuda", "--torch", "2.9.0,2.8.0"],
+                 ["bisect", "dlpack-cuda", "--from", "2.8.0", "--to", "2.9.0"]):
+        proc = run_lab(*args, "--out", str(tmp_path / "runs"))
+        assert proc.returncode != 0, proc.stderr
+        paragraph = " ".join(proc.stderr.split())
+        assert "could not select device driver" in paragraph, paragraph  # the engine's own words
+        assert engine.name in paragraph and str(engine.url) in paragraph, paragraph
+        assert "nvidia-ctk runtime configure --runtime=docker" in paragraph and "restart dockerd" in paragraph
+        assert "--engine local" in paragraph and "lab run dlpack-cpu" in paragraph
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("build.log"))
+        assert "building" not in proc.stderr.lower() and "bootstrap" not in proc.stderr.lower()
 
 
 def test_ctrl_c_during_a_run_removes_the_container_and_marks_the_folder(tmp_path):
