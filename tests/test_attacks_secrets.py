@@ -32,6 +32,7 @@ import docker
 import pytest
 
 from tests.conftest import last_json, run_lab
+from tests.cpu_torch import TORCH
 
 INDEX_USER, INDEX_TOKEN = "indexuser", f"PLANTEDTOKEN{uuid.uuid4().hex[:8]}"
 PROXY_USER, PROXY_PASSWORD = "proxyuser", f"PROXYSECRET{uuid.uuid4().hex[:8]}"
@@ -250,7 +251,8 @@ def planted(tmp_path):
     index, proxy = Index(), Proxy()
     proxy_url = f"http://{PROXY_USER}:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}"
     env = {
-        "PIP_EXTRA_INDEX_URL": f"http://{INDEX_USER}:{INDEX_TOKEN}@127.0.0.1:{index.port}/simple",
+        "PIP_EXTRA_INDEX_URL": " ".join([*TORCH.env.get("PIP_EXTRA_INDEX_URL", "").split(),  # the CPU torch's
+                                         f"http://{INDEX_USER}:{INDEX_TOKEN}@127.0.0.1:{index.port}/simple"]),
         "HTTP_PROXY": proxy_url, "HTTPS_PROXY": proxy_url, "http_proxy": proxy_url, "https_proxy": proxy_url,
         "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
         "MY_SERVICE_TOKEN": ENV_TOKEN,
@@ -263,7 +265,7 @@ def planted(tmp_path):
 def planted_scenario(folder: Path) -> Path:
     (folder / "probe.py").write_text("import lab_planted_probe\nprint(lab_planted_probe.MESSAGE)\n")
     path = folder / "planted.yaml"
-    path.write_text(f'name: planted-secrets\ntorch: "2.13.0+cpu"\narch: amd64\nbase: debian:bookworm\n'
+    path.write_text(f'name: planted-secrets\n{TORCH.header}base: debian:bookworm\n'
                     f"system_packages: [g++, python3-dev]\npip: [{PROJECT}]\nscript: probe.py\ntimeout: 300\n"
                     f'expect: {{stdout_contains: "{MESSAGE}", exit_code: 0}}\n')
     return path
@@ -271,6 +273,7 @@ def planted_scenario(folder: Path) -> Path:
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_planted_credentials_reach_the_build_and_nothing_keeps_them(planted, tmp_path):
     index, proxy, env = planted
     proc = run_lab("run", str(planted_scenario(tmp_path)), "--out", str(tmp_path / "runs"), "--json",
