@@ -91,13 +91,13 @@ def require_cpu_torch(torch, environ=os.environ):
 
 @pytest.fixture
 def cpu_torch(request):
-    """The amd64 CPU torch this machine offers (tests/cpu_torch.py); with `frees_its_cuda_build`,
-    PyPI's CUDA build as a last resort."""
-    from tests.cpu_torch import TORCH, found
-    torch = TORCH
-    if torch.missing and "frees_its_cuda_build" in request.fixturenames:
-        torch = found(cuda_ok=True)
-    return require_cpu_torch(torch)
+    """The amd64 CPU torch this machine offers (tests/cpu_torch.py). Where it offers none, PyPI's
+    CUDA build is the last resort, and then `frees_its_cuda_build` removes what the test made."""
+    from tests.cpu_torch import TORCH
+    torch = require_cpu_torch(TORCH)
+    if torch.cuda_build:
+        request.getfixturevalue("frees_its_cuda_build")
+    return torch
 
 
 def pytest_configure(config):

@@ -8,13 +8,14 @@ needs a `torch-X+cpu` wheel from somewhere else. Looked for, in order:
    into builds), or that uv's UV_FIND_LINKS names (then passed on to the lab as PIP_FIND_LINKS);
 2. PyTorch's CPU index (https://download.pytorch.org/whl/cpu), only if it answers within a few
    seconds; the lab is then given it as an extra index (PIP_EXTRA_INDEX_URL);
-3. a case PyPI serves, for the tests that allow it: PyPI's CUDA build of amd64 torch only where
-   the test uses the `frees_its_cuda_build` fixture, or arm64 CPU torch (<= 2.10, under QEMU) where
-   the test does not need amd64.
+3. a case PyPI serves, as a last resort: PyPI's CUDA build of amd64 torch (4-5 GB), which the
+   `cpu_torch` fixture then pairs with `frees_its_cuda_build` (what the test made goes afterwards);
+   `pick(..., arm64_ok=True)` offers arm64 CPU torch (<= 2.10, under QEMU) instead, for a test that
+   does not need amd64.
 
 The newest version found in the first source that has one wins (cp311: the Debian bookworm base's
-Python). A test that needs one (`pytest.mark.usefixtures("cpu_torch")`) is skipped when none is
-found, except in CI (CI set), where it fails with what was looked for.
+Python). A test that needs one uses the `cpu_torch` fixture (`pytest.mark.usefixtures("cpu_torch")`):
+where nothing fits, it is skipped with what was looked for, except in CI (CI set), where it fails.
 """
 
 from __future__ import annotations
@@ -160,5 +161,5 @@ def version_at_least(torch: CpuTorch, minimum: str) -> bool:
         return False
 
 
-# What the test modules pin: the amd64 CPU torch of this machine (placeholder version when none).
-TORCH = found()
+# What the test modules pin: the amd64 CPU torch of this machine, else PyPI's CUDA build.
+TORCH = found(cuda_ok=True)
