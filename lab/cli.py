@@ -266,13 +266,19 @@ def _engine_for(fleet, case):
     from lab.engine.routing import NoEngineError
     from lab.pipeline import check_gpu
     try:
-        route = fleet.routes(case.arch.value, case.scenario.gpu, case.name)[0]
+        route = fleet.routes(case.arch.value, case.scenario.gpu, case.name, _gpu_hint(case.scenario))[0]
     except NoEngineError:
-        if case.scenario.gpu:  # the familiar message, with the scenario's CPU variant
-            for engine in fleet.live_engines():
-                check_gpu(case, engine)
+        live = fleet.live_engines()
+        if case.scenario.gpu and len(live) == 1:  # one engine: its own answer, its fix, the CPU variant
+            check_gpu(case, live[0])
         raise
     return fleet.engine(route.engine)
+
+
+def _gpu_hint(scenario) -> str | None:
+    """A GPU scenario's way out where no engine gives containers GPUs: its CPU variant."""
+    from lab.engine.gpu import cpu_variant_hint
+    return cpu_variant_hint(scenario.cpu_variant).strip() or None
 
 
 def _parse_sets(items: list[str]) -> dict[str, str]:
@@ -504,7 +510,7 @@ def _matrix(cases, fleet, host, runs_root: Path, repeat: int, as_json: bool, opt
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "")
               + (f", {workers} at once on {len(fleet.live_engines())} engine(s)" if workers > 1 else "") + ":")
     for c in cases:
-        first = fleet.routes(c.arch.value, c.scenario.gpu, c.name)[0]
+        first = fleet.routes(c.arch.value, c.scenario.gpu, c.name, _gpu_hint(c.scenario))[0]
         err.print(f"  {escape(c.name)}" + (" (emulated)" if first.emulated else ""))
 
     def run_one(case, i: int):

@@ -181,15 +181,25 @@ def _running_version() -> str:
 
 
 def _gpu(engine) -> Check:
+    """Ask the engine as a GPU run will: a tiny container with a device request for all GPUs (as
+    `--gpus all`), from an image already on the engine; none there: say what was not checked."""
     if engine is None:
         return Check("GPU runtime", "warn", "unknown: no engine")
-    if engine.has_gpu_runtime():
-        return Check("GPU runtime", "ok", "the engine has the NVIDIA runtime: gpu scenarios can run")
+    from lab.engine import gpu
+    answer = gpu.check(engine)
+    if answer.ok:
+        return Check("GPU runtime", "ok", f"{answer.answer}, with {gpu.REQUEST_WORDS}: gpu scenarios can run")
+    runtimes = ", ".join(sorted(engine.info().get("Runtimes") or {})) or "none"
+    if answer.ok is None:
+        return Check("GPU runtime", "warn",
+                     f"whether containers get the GPUs was {answer.answer}; the engine lists the runtimes "
+                     f"{runtimes}. `lab run` of a gpu scenario asks the engine itself before it builds",
+                     f"make an image and ask again: `lab build-base debian:bookworm --arch {engine.arch.value}`, "
+                     "then `lab doctor`")
     return Check("GPU runtime", "warn",
-                 "no NVIDIA runtime on this engine: gpu scenarios render and validate, but do not run "
-                 "(their CPU variants do)",
-                 "on a GPU host install nvidia-container-toolkit and run `nvidia-ctk runtime configure "
-                 "--runtime=docker`, then restart dockerd")
+                 f"the engine refused a test container with {gpu.REQUEST_WORDS}: {answer.answer} (runtimes: "
+                 f"{runtimes}). gpu scenarios render and validate, but do not run here (their CPU variants do)",
+                 gpu.FIX)
 
 
 def _disk(runs_root: Path, engine=None) -> Check:

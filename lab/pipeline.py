@@ -32,6 +32,7 @@ from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioErr
 from lab.core.records import Events, RawRun, RunLimits, no_events
 from lab.core.results import LocalRef, RunResult, StageTimes, TorchBuild
 from lab.core.runmarker import mark_run
+from lab.engine import gpu
 from lab.engine.docker_engine import Engine
 from lab.history.index import record_run
 from lab.report import run_folder as report
@@ -72,16 +73,24 @@ def is_local(engine) -> bool:
 
 
 def check_gpu(case: Case, engine: Engine) -> None:
-    if case.scenario.gpu and not engine.has_gpu_runtime():
-        variant = case.scenario.cpu_variant
-        hint = (f"Run its CPU variant instead: `lab run {variant}`." if variant else
-                "Run it on an engine with the NVIDIA container runtime (see `lab doctor`).")
-        if is_local(engine):
+    """Refuse a GPU scenario before its build where it cannot get the GPUs. On Docker the engine
+    answers a test container that requests them all (lab.engine.gpu), so what stops the run is the
+    engine's own refusal; the local engine needs the NVIDIA device nodes."""
+    if not case.scenario.gpu:
+        return
+    variant = case.scenario.cpu_variant
+    if is_local(engine):
+        if not engine.has_gpu_runtime():
+            hint = (f"Run its CPU variant instead: `lab run {variant}`." if variant else
+                    "Run it on an engine with the NVIDIA container runtime (see `lab doctor`).")
             raise NoGpuRuntimeError(f"{case.scenario.name} needs a GPU, and this host has no NVIDIA device "
                                     "(/dev/nvidiactl, /dev/nvidia0).", hint=hint)
-        raise NoGpuRuntimeError(
-            f"{case.scenario.name} needs a GPU, and this Docker engine has no NVIDIA runtime "
-            f"(runtimes: {', '.join(sorted(engine.info().get('Runtimes') or {})) or 'none'}).", hint=hint)
+        return
+    answer = gpu.check(engine, make_image=True)
+    if answer.ok is None and not engine.has_gpu_runtime():  # no test container could be started
+        answer = replace(answer, ok=False, answer=f"{answer.answer}; and it lists no nvidia runtime")
+    if answer.ok is False:
+        raise gpu.refusal(case.scenario.name, engine, answer, variant)
 
 
 def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
@@ -96,7 +105,7 @@ def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
     lim = case.scenario.limits
     return RunLimits(memory_bytes=lim.memory_bytes, pids=lim.pids, cpus=lim.cpus,
                      network=case.scenario.network and allow_network,
-                     output_bytes=lim.output_bytes, stream_bytes=lim.logs_bytes)
+                     output_bytes=lim.output_bytes, stream_bytes=lim.logs_bytes, gpus=case.scenario.gpu)
 
 
 def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events = no_events,
@@ -398,7 +407,8 @@ def _collect_env(engine: Engine, image, case: Case, events: Events, background: 
     events("collect_env", "python -m torch.utils.collect_env")
     code, output = engine.output_of(_image_ref(image), ["python", "-m", "torch.utils.collect_env"], case.arch,
                                     COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name},
-                                    background=background, env=emulated_env({}, case, engine))
+                                    background=background, env=emulated_env({}, case, engine),
+                                    **({"gpus": True} if case.scenario.gpu and not is_local(engine) else {}))
     if code != 0:
         return f"Could not collect (exit {code}):\n{output}"
     try:

@@ -79,6 +79,34 @@ def frees_its_cuda_build():
         subprocess.run([uv, "cache", "prune", "--cache-dir", str(uv_cache)], capture_output=True, timeout=600)
 
 
+def require_cpu_torch(torch, environ=os.environ):
+    """`torch` (tests/cpu_torch.py) when one was found; else a skip, or in CI (CI set) a failure,
+    saying what was looked for."""
+    if torch.missing:
+        if environ.get("CI"):
+            pytest.fail(f"{torch.missing} (in CI this test must run: give the machine one)")
+        pytest.skip(torch.missing)
+    return torch
+
+
+@pytest.fixture
+def cpu_torch(request):
+    """The amd64 CPU torch this machine offers (tests/cpu_torch.py). Where it offers none, PyPI's
+    CUDA build is the last resort, and then `frees_its_cuda_build` removes what the test made."""
+    from tests.cpu_torch import TORCH
+    torch = require_cpu_torch(TORCH)
+    if torch.cuda_build:
+        request.getfixturevalue("frees_its_cuda_build")
+    return torch
+
+
+def pytest_configure(config):
+    """The settings the lab needs to find the CPU torch (an extra index, a find-links folder),
+    for the lab's processes and in-process calls alike; none where the host's pip settings name it."""
+    from tests.cpu_torch import TORCH
+    os.environ.update(TORCH.env)
+
+
 def engine_answers() -> bool:
     try:
         import docker

@@ -7,8 +7,9 @@ not built or is refused, or is shown before it runs and runs confined; the error
 paragraph (exit 2 for bad input); and nothing outside the replay's run folder changed (a
 canary folder beside it is snapshot before and after).
 
-The bundle comes from a real run of a cheap amd64 scenario (torch 2.13.0+cpu from the host's
-find-links, debian:bookworm), which shares every layer but the script with libgomp-amd64.
+The bundle comes from a real run of a cheap amd64 scenario (the CPU torch of tests/cpu_torch.py,
+here 2.13.0+cpu from the host's find-links, debian:bookworm), which shares every layer but the
+script with libgomp-amd64.
 """
 
 from __future__ import annotations
@@ -29,20 +30,20 @@ import pytest
 import yaml
 
 from tests.conftest import LAB, ROOT, last_json, run_lab
+from tests.cpu_torch import TORCH
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800), pytest.mark.usefixtures("cpu_torch")]
 
 TOKEN = uuid.uuid4().hex[:12]
 HONEST = "import os\nprint('honest replay target', os.environ.get('N'))\n"
-SCENARIO = """\
+SCENARIO = f"""\
 name: tamper-target
 title: an honest scenario for the bundle attacks
-torch: "2.13.0+cpu"
-arch: amd64
+{TORCH.header.rstrip()}
 base: debian:bookworm
 system_packages: [g++, python3-dev]
 pip: [numpy]
-vars: {N: "512"}
+vars: {{N: "512"}}
 script: target.py
 timeout: 300
 expect:

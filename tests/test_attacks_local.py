@@ -5,8 +5,8 @@ Where the sandbox differs from a container, the assertions say how: the host's /
 are absent rather than read-only, the run user has no supplementary group, and the limits come from
 rlimits and the lab's own watch of /out, not from cgroups.
 
-The case is the attack tests' own (amd64, torch '2.13.0+cpu', from the host's find-links folder): its
-venv is made once, then each run costs seconds.
+The case is the attack tests' own (amd64, the CPU torch of tests/cpu_torch.py: here '2.13.0+cpu'
+from the host's find-links folder): its venv is made once, then each run costs seconds.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.test_attacks_run import (
     snapshot,
 )
 
-pytestmark = [pytest.mark.local, pytest.mark.timeout(1800),
+pytestmark = [pytest.mark.local, pytest.mark.timeout(1800), pytest.mark.usefixtures("cpu_torch"),
               pytest.mark.skipif(platform.machine() != "x86_64", reason="the case is an x86_64 wheel"),
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap (run bin/setup-host)")]
 

@@ -4,7 +4,7 @@ touch the host. One test per attack; each asserts that nothing outside the run f
 fifo or device, and that the outcome says clearly what happened.
 
 The scenarios share every layer but the script with tests/test_faults.py's (amd64, torch
-'2.13.0+cpu', debian:bookworm), so once that image exists each run costs seconds.
+the amd64 CPU torch of tests/cpu_torch.py, debian:bookworm), so once that image exists each run costs seconds.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ import docker
 import pytest
 
 from tests.conftest import last_json, run_lab
+from tests.cpu_torch import TORCH
 
-HEADER = ("torch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\nsystem_packages: [g++, python3-dev]\n"
+HEADER = (f"{TORCH.header}base: debian:bookworm\nsystem_packages: [g++, python3-dev]\n"
           "pip: [numpy]\n")
+pytestmark = pytest.mark.usefixtures("cpu_torch")  # every attack runs the cheap amd64 case (tests/cpu_torch.py)
 
 
 def canary(tmp_path: Path) -> Path:

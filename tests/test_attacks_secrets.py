@@ -38,6 +38,7 @@ import docker
 import pytest
 
 from tests.conftest import last_json, run_lab
+from tests.cpu_torch import TORCH
 
 INDEX_USER, INDEX_TOKEN = "indexuser", f"PLANTEDTOKEN{uuid.uuid4().hex[:8]}"
 PATH_TOKEN = f"PLANTEDPATH7{uuid.uuid4().hex[:12]}"     # a letter and a digit, as real tokens have
@@ -299,7 +300,8 @@ def planted(tmp_path):
     proxy = Proxy()
     proxy_url = f"http://{PROXY_USER}:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}"
     env = {
-        "PIP_EXTRA_INDEX_URL": " ".join([*host.extra_index_urls, indexes["userinfo"].url, indexes["path"].url]),
+        "PIP_EXTRA_INDEX_URL": " ".join([*host.extra_index_urls, *TORCH.env.get("PIP_EXTRA_INDEX_URL", "").split(),
+                                         indexes["userinfo"].url, indexes["path"].url]),
         "PIP_FIND_LINKS": " ".join([*host.find_links, indexes["query"].url]),
         # a mirror with a token in its user info and its path; the base is made beforehand with the
         # default mirror, so this one is only named, never read (a bootstrap from it would fail)
@@ -318,7 +320,7 @@ def planted_scenario(folder: Path) -> Path:
     (folder / "probe.py").write_text("import lab_planted_probe, lab_planted_path, lab_planted_query\n"
                                      "print(lab_planted_probe.MESSAGE)\n")
     path = folder / "planted.yaml"
-    path.write_text(f'name: planted-secrets\ntorch: "2.13.0+cpu"\narch: amd64\nbase: debian:bookworm\n'
+    path.write_text(f'name: planted-secrets\n{TORCH.header}base: debian:bookworm\n'
                     f"system_packages: [g++, python3-dev]\npip: [{PROJECT}, {PATH_PROJECT}, {QUERY_PROJECT}]\n"
                     f"script: probe.py\ntimeout: 300\n"
                     f'expect: {{stdout_contains: "{MESSAGE}", exit_code: 0}}\n')
@@ -327,6 +329,7 @@ def planted_scenario(folder: Path) -> Path:
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_planted_credentials_reach_the_build_and_nothing_keeps_them(planted, tmp_path):
     indexes, proxy, env = planted
     # the base, from the default mirror (the planted one does not serve Debian)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, last_json, run_lab
+from tests.cpu_torch import TORCH
 
 
 def assert_one_paragraph_error(proc, *needles: str) -> None:
@@ -178,10 +179,12 @@ def test_check_bad_input_stops_git_bisect_run():
     assert proc.returncode == 128 and "--check judges one run" in " ".join(proc.stderr.split())
 
 
+@pytest.mark.usefixtures("cpu_torch")  # the release is checked before the engine is asked
 def test_check_engine_down_is_a_skip(tmp_path):
-    proc = run_lab("run", "libgomp-amd64", "--check", env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
+    proc = run_lab("run", "libgomp-amd64", *TORCH.args, "--check",
+                   env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
     assert proc.returncode == 125 and "Docker engine does not answer" in proc.stderr
-    plain = run_lab("run", "libgomp-amd64", env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
+    plain = run_lab("run", "libgomp-amd64", *TORCH.args, env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
     assert plain.returncode == 3
 
 
@@ -190,6 +193,7 @@ E2E = Path(__file__).parent / "data" / "e2e"
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_check_through_real_runs_reproduced_1_timeout_125(tmp_path):
     """Two cheap amd64 cases that share every layer but the script with libgomp-amd64."""
     (tmp_path / "hello.py").write_text("print('hello from the repro')\n")
@@ -198,15 +202,16 @@ def test_check_through_real_runs_reproduced_1_timeout_125(tmp_path):
                                                           'expect:\n  stdout_contains: "hello from the repro"')
     (tmp_path / "hello.yaml").write_text(body)
     runs = tmp_path / "runs"
-    hello = run_lab("run", str(tmp_path / "hello.yaml"), "--no-diagnose", "--check", "--json", "-q",
+    hello = run_lab("run", str(tmp_path / "hello.yaml"), *TORCH.args, "--no-diagnose", "--check", "--json", "-q",
                     "--out", str(runs))
     assert hello.returncode == 1, hello.stderr[-3000:]
     assert last_json(hello.stdout)["verdict"] == "reproduced"
     assert "build Step" not in hello.stderr and "verdict: reproduced" in hello.stderr  # -q: no progress
-    sleeper = run_lab("run", str(E2E / "sleeper.yaml"), "--no-diagnose", "--check", "--json", "--out", str(runs))
+    sleeper = run_lab("run", str(E2E / "sleeper.yaml"), *TORCH.args, "--no-diagnose", "--check", "--json",
+                      "--out", str(runs))
     assert sleeper.returncode == 125, sleeper.stderr[-3000:]
     assert last_json(sleeper.stdout)["verdict"] == "timeout"
-    plain = run_lab("run", str(E2E / "sleeper.yaml"), "--no-diagnose", "--json", "--out", str(runs))
+    plain = run_lab("run", str(E2E / "sleeper.yaml"), *TORCH.args, "--no-diagnose", "--json", "--out", str(runs))
     assert plain.returncode == 0 and last_json(plain.stdout)["verdict"] == "timeout"
 
 

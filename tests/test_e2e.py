@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from tests.conftest import DATA, ROOT, last_json, run_lab
+from tests.cpu_torch import TORCH
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
@@ -139,20 +140,23 @@ def test_dlpack_cpu_reproduces_with_the_dynamo_message(runs):
     assert "does not know how to trace the builtin `torch._C._to_dlpack" in exc["message"]
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_amd64_control_with_the_local_cpu_wheel_is_not_reproduced(runs):
-    """torch 2.13.0+cpu comes from the host's find-links folder; x86-64 loads one libgomp."""
-    result, _ = lab_run("libgomp-amd64", out=runs)
+    """The amd64 CPU torch this machine offers (tests/cpu_torch.py: here torch 2.13.0+cpu from the host's
+    find-links folder); x86-64 loads one libgomp."""
+    result, _ = lab_run("libgomp-amd64", *TORCH.args, out=runs)
     assert result["verdict"] == "not_reproduced", result
-    assert result["emulated"] is False and result["torch"] == "2.13.0+cpu"
+    assert result["emulated"] is False and result["torch"] == TORCH.version
     assert result["evidence"]["duplicate_runtimes"] == []
     run_dir = Path(result["run_dir"])
-    assert "torch==2.13.0+cpu" in (run_dir / "pip-freeze.txt").read_text()
+    assert f"torch=={TORCH.version}" in (run_dir / "pip-freeze.txt").read_text()
     evidence = json.loads((run_dir / "evidence.json").read_text())
     assert evidence["processes"] >= 1 and evidence["exit_code"] == 0
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_hanging_script_times_out_and_leaves_no_container(runs):
-    result, _ = lab_run(str(DATA / "e2e" / "sleeper.yaml"), out=runs)
+    result, _ = lab_run(str(DATA / "e2e" / "sleeper.yaml"), *TORCH.args, out=runs)
     assert result["verdict"] == "timeout", result
     run_dir = Path(result["run_dir"])
     assert "started" in (run_dir / "stdout.txt").read_text()  # what it printed before the kill is kept
@@ -164,19 +168,33 @@ def test_a_hanging_script_times_out_and_leaves_no_container(runs):
     assert not [c for c in left if "sleeper" in c.labels.get("org.torch-repro-lab.case", "")]
 
 
-def test_gpu_scenario_without_gpu_runtime_names_the_cpu_variant(runs):
-    client = docker.from_env()
-    if "nvidia" in (client.info().get("Runtimes") or {}):
-        pytest.skip("this engine has the NVIDIA runtime: the GPU scenario would really run")
-    proc = run_lab("run", "dlpack-cuda", "--out", str(runs))
-    assert proc.returncode != 0
-    assert "lab run dlpack-cpu" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_gpu_scenario_on_an_engine_without_gpus_stops_before_the_build_with_the_engines_answer(tmp_path):
+    """The CUDA seed on this engine (no GPU, no NVIDIA Container Toolkit): `lab run`, a matrix and a
+    bisection each stop before anything is built, with one paragraph that names the engine, carries
+    its own refusal of the device request, the fix, and the CPU variant."""
+    from lab.engine import gpu
+    from lab.engine.docker_engine import Engine
+    engine = Engine.connect()
+    if gpu.check(engine, make_image=True).ok:
+        pytest.skip("this engine gives containers the GPUs: the GPU scenario would really run")
+    for args in (["run", "dlpack-cuda"], ["run", "dlpack-cuda", "--torch", "2.9.0,2.8.0"],
+                 ["bisect", "dlpack-cuda", "--from", "2.8.0", "--to", "2.9.0"]):
+        proc = run_lab(*args, "--out", str(tmp_path / "runs"))
+        assert proc.returncode != 0, proc.stderr
+        paragraph = " ".join(proc.stderr.split())
+        assert "could not select device driver" in paragraph, paragraph  # the engine's own words
+        assert engine.name in paragraph and str(engine.url) in paragraph, paragraph
+        assert "nvidia-ctk runtime configure --runtime=docker" in paragraph and "restart dockerd" in paragraph
+        assert "--engine local" in paragraph and "lab run dlpack-cpu" in paragraph
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("build.log"))
+        assert "building" not in proc.stderr.lower() and "bootstrap" not in proc.stderr.lower()
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_ctrl_c_during_a_run_removes_the_container_and_marks_the_folder(tmp_path):
     client = docker.from_env()
-    proc = subprocess.Popen([sys.executable, "-m", "lab", "run", str(DATA / "e2e" / "sleeper.yaml"),
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "run", str(DATA / "e2e" / "sleeper.yaml"), *TORCH.args,
                              "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 1800  # cold, the image may still have to be built
@@ -225,10 +243,12 @@ def test_dlpack_cpu_ablation_names_the_dynamo_layer(runs):
     assert len(images) == 1
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_the_hook_overrides_a_hard_coded_backend(runs):
-    result, _ = lab_run(str(DATA / "e2e" / "hooked.yaml"), "--backend", "eager", "--no-diagnose", out=runs)
+    result, _ = lab_run(str(DATA / "e2e" / "hooked.yaml"), *TORCH.args, "--backend", "eager", "--no-diagnose",
+                        out=runs)
     assert result["verdict"] == "reproduced", result
-    result, _ = lab_run(str(DATA / "e2e" / "hooked.yaml"), "--no-diagnose", out=runs)
+    result, _ = lab_run(str(DATA / "e2e" / "hooked.yaml"), *TORCH.args, "--no-diagnose", out=runs)
     # without the hook the hard-coded backend raises: a failure, but not the scenario's outcome
     assert result["verdict"] == "failed_differently", result
     assert "not_a_backend" in result["evidence"]["exception"]["message"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import last_json, run_lab
+from tests.cpu_torch import TORCH
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
@@ -127,6 +128,7 @@ SECRET = "s3cr3t-Value-4242"
 CREDS = "alice:hunter22@"
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_real_runs_bundle_keeps_no_secret(tmp_path):
     (tmp_path / "leaky.py").write_text(
         "import os\nprint('token is', os.environ['MY_API_TOKEN'])\nprint('index', os.environ['INDEX'])\n"
@@ -134,7 +136,7 @@ def test_a_real_runs_bundle_keeps_no_secret(tmp_path):
     home = tmp_path / "home" / "alice"
     home.mkdir(parents=True)
     (tmp_path / "leaky.yaml").write_text(
-        "name: leaky\ntorch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\n"
+        f"name: leaky\n{TORCH.header}base: debian:bookworm\n"
         "system_packages: [g++, python3-dev]\npip: [numpy]\nscript: leaky.py\ntimeout: 300\n"
         f"env:\n  MY_API_TOKEN: {SECRET}\n  INDEX: https://{CREDS}example.invalid/simple\n"
         f"  HOST_HOME: {home}/project\n"

@@ -7,9 +7,10 @@
   to the releases' commits; `lab compare` and `lab comment` read the real folders; the Dynamo
   failure of 2.3.1 is localized (its scenario fixes the backend, and 2.3.1 ships no
   compiler_bisector: both said).
-- `lab localize` of an Inductor C++ compile error (tests/data/e2e/relu-inject.yaml, amd64 torch
-  2.13.0+cpu, which ships compiler_bisector with its `run` command): the ablation names Inductor,
-  and compiler_bisector, run in the same image, names the subsystem.
+- `lab localize` of an Inductor C++ compile error (tests/data/e2e/relu-inject.yaml, with the amd64
+  CPU torch of tests/cpu_torch.py, here 2.13.0+cpu, which ships compiler_bisector with its `run`
+  command): the ablation names Inductor, and compiler_bisector, run in the same image, names the
+  subsystem.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA, last_json, run_lab
+from tests.cpu_torch import TORCH
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(5400)]
 
@@ -99,8 +101,9 @@ def test_a_different_failure_is_kept_apart_and_the_boundary_pinned(runs):
     assert again.stderr.count("(from an earlier run)") >= 3
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_localize_names_inductor_and_the_subsystem(runs):
-    proc = run_lab("localize", RELU, "--out", str(runs), "--json")
+    proc = run_lab("localize", RELU, *TORCH.args, "--out", str(runs), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     assert result["kind"] == "localize" and result["layer"] == "inductor"

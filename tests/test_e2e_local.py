@@ -1,8 +1,9 @@
 """The local engine for real, through the `lab` CLI, on this host: uv venvs, bubblewrap (bin/setup-host
 installs it), the in-image runner, verdicts, a bisection.
 
-The small native CPU case is torch '2.13.0+cpu' for cp311 x86_64 (the host's find-links folder: 190 MB,
-no CUDA wheels), the same as the Docker attack tests'. The bisection is compile-py311 across 2.0.0,
+The small native CPU case is the amd64 CPU torch tests/cpu_torch.py finds (here '2.13.0+cpu' for
+cp311 x86_64 from the host's find-links folder: 190 MB, no CUDA wheels), the same as the Docker
+attack tests'. The bisection is compile-py311 across 2.0.0,
 2.0.1 and 2.1.0 (PyPI's CUDA builds: their wheels come once into uv's cache, then each probe's venv
 takes seconds).
 """
@@ -19,13 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import last_json, run_lab
+from tests.cpu_torch import TORCH
 
 pytestmark = [pytest.mark.local, pytest.mark.timeout(3600)]
 
 needs_amd64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="the small CPU case is an x86_64 wheel")
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap (run bin/setup-host)")
 
-HEADER = ("torch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\nsystem_packages: [g++, python3-dev]\n"
+HEADER = (f"{TORCH.header}base: debian:bookworm\nsystem_packages: [g++, python3-dev]\n"
           "pip: [numpy]\n")
 
 
@@ -122,6 +124,7 @@ def _host_address() -> str:
 
 @needs_amd64
 @needs_bwrap
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_confined_run_writes_only_its_out_folder_and_reaches_no_network(tmp_path):
     canary = tmp_path / "canary"
     canary.mkdir()
@@ -140,7 +143,7 @@ def test_a_confined_run_writes_only_its_out_folder_and_reaches_no_network(tmp_pa
     run_dir = Path(result["run_dir"])
     stdout = (run_dir / "stdout.txt").read_text()
     assert result["verdict"] == "reproduced", stdout
-    assert "torch 2.13.0+cpu ids 10001 10001" in stdout
+    assert f"torch {TORCH.version} ids 10001 10001" in stdout
     # nothing outside the run's /out is writable: the host's folders are read-only or absent
     assert f"write refused {canary}/written.txt" in stdout and not (canary / "written.txt").exists()
     assert "canary visible False" in stdout  # the host's /tmp is not the sandbox's
@@ -171,16 +174,17 @@ def test_a_confined_run_writes_only_its_out_folder_and_reaches_no_network(tmp_pa
     page = (run_dir / "report.html").read_text()
     assert "local (this host, no container; bubblewrap" in page and "System packages" in page
     assert json.loads((run_dir / "result.json").read_text())["local"]["confined"] is True
-    assert (run_dir / "pip-freeze.txt").read_text().count("torch==2.13.0+cpu") == 1
-    assert "PyTorch version: 2.13.0+cpu" in (run_dir / "collect_env.txt").read_text()
+    assert (run_dir / "pip-freeze.txt").read_text().count(f"torch=={TORCH.version}") == 1
+    assert f"PyTorch version: {TORCH.version}" in (run_dir / "collect_env.txt").read_text()
     assert list((run_dir / "out" / "ld").iterdir()), "LD_DEBUG wrote the loader logs into /out/ld"
 
 
 @needs_amd64
+@pytest.mark.usefixtures("cpu_torch")
 def test_the_current_interpreter_runs_when_its_torch_matches_and_says_why_not_otherwise(tmp_path):
     path = scenario(tmp_path, "local-current", "import sys, torch\nprint('torch', torch.__version__, sys.executable)\n",
-                    "timeout: 300\nexpect:\n  stdout_contains: 'torch 2.13.0+cpu'\n")
-    # a Python that has torch 2.13.0+cpu: the venv the lab made for this case
+                    f"timeout: 300\nexpect:\n  stdout_contains: 'torch {TORCH.version}'\n")
+    # a Python that has the CPU torch: the venv the lab made for this case
     first = lab_local(tmp_path, path, "--trust-script")
     assert first.returncode == 0, first.stderr[-3000:]
     venv = last_json(first.stdout)["local"]["environment"]
@@ -194,12 +198,13 @@ def test_the_current_interpreter_runs_when_its_torch_matches_and_says_why_not_ot
     assert python in (Path(result["run_dir"]) / "stdout.txt").read_text()
     assert "--python-env current" in (Path(result["run_dir"]) / "report.md").read_text()
 
-    other = lab_local(tmp_path, path, "--python-env", "current", "--torch", "2.12.0",
+    wanted = "2.12.0" if not TORCH.version.startswith("2.12.") else "2.11.0"
+    other = lab_local(tmp_path, path, "--python-env", "current", "--torch", wanted,
                       env={"LAB_LOCAL_PYTHON": python})
     assert other.returncode != 0
     text = " ".join(other.stderr.split())
-    assert "has torch 2.13.0+cpu" in text and "wants torch 2.12.0" in text, text
-    assert "--torch 2.13.0+cpu" in text  # how to run what is there
+    assert f"has torch {TORCH.version}" in text and f"wants torch {wanted}" in text, text
+    assert f"--torch {TORCH.version}" in text  # how to run what is there
     assert "Traceback" not in other.stderr
 
     none = lab_local(tmp_path, path, "--python-env", "current")  # the lab's own Python: no torch
@@ -207,6 +212,7 @@ def test_the_current_interpreter_runs_when_its_torch_matches_and_says_why_not_ot
 
 
 @needs_amd64
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_missing_system_package_is_named_and_never_installed(tmp_path):
     header = HEADER.replace("[g++, python3-dev]", "[g++, lab-absent-package]")
     path = scenario(tmp_path, "local-missing", "print('never runs')\n", "expect:\n  exit_code: 0\n", header)
@@ -221,6 +227,7 @@ def test_a_missing_system_package_is_named_and_never_installed(tmp_path):
 
 
 @needs_amd64
+@pytest.mark.usefixtures("cpu_torch")
 def test_without_bwrap_it_runs_only_a_trusted_script_and_says_not_confined(tmp_path):
     script = "import os\nprint('uid', os.getuid(), 'out', os.path.isdir('/out'))\n"
     path = scenario(tmp_path, "local-unconfined", script, "timeout: 300\nexpect:\n  stdout_contains: uid\n")
@@ -239,7 +246,7 @@ def test_without_bwrap_it_runs_only_a_trusted_script_and_says_not_confined(tmp_p
 def test_another_arch_is_refused_with_a_pointer_to_docker_engines(tmp_path):
     arch = "arm64" if platform.machine() == "x86_64" else "amd64"
     path = scenario(tmp_path, "local-foreign", "print(1)\n", "expect:\n  exit_code: 0\n",
-                    HEADER.replace("arch: amd64", f"arch: {arch}").replace("2.13.0+cpu", "2.5.1"))
+                    HEADER.replace("arch: amd64", f"arch: {arch}").replace(TORCH.version, "2.5.1"))
     proc = lab_local(tmp_path, path)
     assert proc.returncode != 0
     text = " ".join(proc.stderr.split())

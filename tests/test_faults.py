@@ -2,7 +2,8 @@
 during a build, two runs of one case at once, and the confinement of the repro container.
 
 The amd64 scenarios here share every layer but the script with scenarios/libgomp-amd64.yaml,
-so once that image exists they cost seconds.
+so once that image exists they cost seconds; their torch is the amd64 CPU build tests/cpu_torch.py
+finds.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import docker
 import pytest
 
 from tests.conftest import DATA, ROOT, last_json, run_lab
+from tests.cpu_torch import TORCH
 
 E2E = DATA / "e2e"
 MANAGED = {"label": "org.torch-repro-lab.managed=true"}
@@ -33,8 +35,9 @@ def _managed_ids() -> set[str]:
     return {c.id for c in docker.from_env().containers.list(all=True, filters=MANAGED)}
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_unreachable_daemon_gives_one_paragraph_and_doctors_advice(tmp_path):
-    proc = run_lab("run", str(E2E / "sleeper.yaml"), "--out", str(tmp_path),
+    proc = run_lab("run", str(E2E / "sleeper.yaml"), *TORCH.args, "--out", str(tmp_path),
                    env={"DOCKER_HOST": f"unix://{tmp_path}/no-such-docker.sock"})
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -44,9 +47,10 @@ def test_unreachable_daemon_gives_one_paragraph_and_doctors_advice(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_failed_build_is_an_error_verdict_with_the_build_log(tmp_path):
     before = _managed_ids()
-    proc = run_lab("run", str(E2E / "buildfail.yaml"), "--out", str(tmp_path), "--json")
+    proc = run_lab("run", str(E2E / "buildfail.yaml"), *TORCH.args, "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     assert result["verdict"] == "error"
@@ -60,8 +64,9 @@ def test_a_failed_build_is_an_error_verdict_with_the_build_log(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_an_oom_kill_is_evidence_with_the_limit(tmp_path):
-    proc = run_lab("run", str(E2E / "oom.yaml"), "--out", str(tmp_path), "--json", "--no-diagnose")
+    proc = run_lab("run", str(E2E / "oom.yaml"), *TORCH.args, "--out", str(tmp_path), "--json", "--no-diagnose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     assert result["verdict"] == "error", result
@@ -102,12 +107,13 @@ class _Reader(threading.Thread):
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_ctrl_c_during_a_build_leaves_no_container_and_marks_the_folder(tmp_path):
     client = docker.from_env()
     before = {c.id for c in client.containers.list(all=True)}
     managed_before = _managed_ids()
     env = {**os.environ, "LAB_TEMPLATES_DIR": str(_slow_templates(tmp_path))}
-    proc = subprocess.Popen([sys.executable, "-m", "lab", "run", str(E2E / "sleeper.yaml"), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "run", str(E2E / "sleeper.yaml"), *TORCH.args, "--out",
                              str(tmp_path / "runs")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     reader = _Reader(proc.stderr)
@@ -138,12 +144,13 @@ def test_ctrl_c_during_a_build_leaves_no_container_and_marks_the_folder(tmp_path
 
 @pytest.mark.docker
 @pytest.mark.timeout(2400)
+@pytest.mark.usefixtures("cpu_torch")
 def test_two_runs_of_one_case_at_once_both_complete(tmp_path):
     """A fresh script (so both processes build the same new image at once), one runs folder."""
     token = uuid.uuid4().hex
     (tmp_path / "twice.py").write_text(f'print("hello {token}")\n')
     (tmp_path / "twice.yaml").write_text(
-        "name: twice\ntorch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\n"
+        f"name: twice\n{TORCH.header}base: debian:bookworm\n"
         "system_packages: [g++, python3-dev]\npip: [numpy]\nscript: twice.py\ntimeout: 300\n"
         f"expect:\n  stdout_contains: 'hello {token}'\n")
     cache = tmp_path / "cache"  # a fresh lab cache: both processes fill it at the same time
@@ -206,10 +213,11 @@ print("uid", os.getuid())
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_the_script_runs_confined(tmp_path):
     (tmp_path / "confined.py").write_text(CONFINED)
     (tmp_path / "confined.yaml").write_text(
-        "name: confined\ntorch: '2.13.0+cpu'\narch: amd64\nbase: debian:bookworm\n"
+        f"name: confined\n{TORCH.header}base: debian:bookworm\n"
         "system_packages: [g++, python3-dev]\npip: [numpy]\nscript: confined.py\ntimeout: 300\n"
         "limits: {pids: 321}\nexpect:\n  stdout_contains: 'network no'\n")
     proc = run_lab("run", str(tmp_path / "confined.yaml"), "--out", str(tmp_path / "runs"), "--json",

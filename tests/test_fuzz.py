@@ -69,7 +69,7 @@ def load_bytes(folder: Path, data: bytes, kind: str) -> Scenario | ScenarioError
         return load_scenario(path)
     except ScenarioError as err:
         text = str(err)
-        assert "\n" not in text and "fuzz.yaml" in text and "Traceback" not in text, text
+        assert "\n" not in text and "fuzz.yaml" in text and "Traceback (most recent call last)" not in text, text
         return err
 
 

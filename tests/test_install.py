@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, last_json, run_lab
+from tests.cpu_torch import TORCH
 
 UV = Path(sys.executable).parent / "uv"
 pytestmark = pytest.mark.timeout(900)
@@ -174,11 +175,12 @@ def test_uv_tool_install_gives_a_working_lab(wheel, tmp_path, outside):
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("cpu_torch")
 def test_installed_wheel_runs_a_case_from_a_temporary_folder(installed, outside):
-    """libgomp-amd64 (torch 2.13.0+cpu from the host's find-links) through the installed wheel, with
+    """libgomp-amd64 (the amd64 CPU torch of tests/cpu_torch.py) through the installed wheel, with
     the runs folder from a lab.toml there, and --check: not reproduced exits 0."""
     (outside / "lab.toml").write_text('runs_dir = "from-lab-toml"\n')
-    proc = sh(installed, "run", "libgomp-amd64", "--no-diagnose", "--json", "--check", "-v", cwd=outside,
+    proc = sh(installed, "run", "libgomp-amd64", *TORCH.args, "--no-diagnose", "--json", "--check", "-v", cwd=outside,
               env=clean_env(outside), timeout=1700)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)

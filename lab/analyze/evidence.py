@@ -149,7 +149,8 @@ class Evidence:
             stopped_for=self.stopped_for,
             limits=None if lim is None else LimitsDetail(
                 memory_bytes=lim.memory_bytes, pids=lim.pids, cpus=lim.cpus, network=lim.network,
-                output_bytes=lim.output_bytes, output_files=lim.output_files, stream_bytes=lim.stream_bytes),
+                output_bytes=lim.output_bytes, output_files=lim.output_files, stream_bytes=lim.stream_bytes,
+                gpus="all" if lim.gpus else None),
             capture=self.capture(),
             judgement=judgement)
 

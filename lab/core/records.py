@@ -95,6 +95,7 @@ class RunLimits:
     output_bytes: int = OUTPUT_BYTES         # /out: the most bytes copied into the run folder
     output_files: int = OUTPUT_FILES
     stream_bytes: int = STREAM_BYTES         # stdout and stderr, each
+    gpus: bool = False                       # a device request for all the engine's GPUs (`--gpus all`)
 
     @property
     def tmp_bytes(self) -> int:
@@ -106,6 +107,8 @@ class RunLimits:
                  f"pids {self.pids}" if self.pids else "pids unlimited",
                  f"cpus {self.cpus:g}" if self.cpus else "all cpus",
                  "network on" if self.network else "no network"]
+        if self.gpus:
+            parts.append("gpus: all")
         return ", ".join(parts)
 
     def describe_caps(self) -> str:

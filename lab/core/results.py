@@ -399,6 +399,7 @@ class LimitsDetail(Record):
     output_bytes: int | None = None   # cap on what is copied out of /out
     output_files: int | None = None   # cap on the number of files copied out of /out
     stream_bytes: int | None = None   # cap on each of stdout and stderr
+    gpus: str | None = None           # "all": the container requested every GPU of the engine (`--gpus all`)
 
 
 class EvidenceRecord(Document):

@@ -142,6 +142,10 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         run_case = production
 
     arch = choose_arch(scenario, arch)
+    if scenario.gpu and fleet is not None:  # stop before any build where no engine gives the GPUs
+        from lab.engine.gpu import cpu_variant_hint
+        fleet.routes(arch, True, f"a bisection of {scenario.name}",
+                     cpu_variant_hint(scenario.cpu_variant).strip() or None)
     found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre,
                             python=local_python(fleet))
     folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import docker
 import docker.errors
 import requests.exceptions
-from docker.types import LogConfig, Mount, Ulimit
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from lab.core.errors import BuildError, EngineError
 from lab.core.hashing import CountingWriter, HashingWriter
@@ -389,13 +389,14 @@ class Engine:
 
     def output_of(self, image: str, command: list[str], arch: Arch, timeout: float,
                   labels: dict[str, str], background: bool = False,
-                  env: dict[str, str] | None = None) -> tuple[int | None, str]:
+                  env: dict[str, str] | None = None, gpus: bool = False) -> tuple[int | None, str]:
         """Run a short command in `image`, confined like a run, with `env`, and return (exit code,
         combined output; at most OUTPUT_OF_BYTES of it).
         `background`: the lowest CPU weight (cpu_shares 2 against a run's 1024), for a command run
-        beside the script: it gets the CPU the script leaves."""
+        beside the script: it gets the CPU the script leaves. `gpus`: with a device request for all
+        the engine's GPUs (collect_env of a GPU scenario reports them)."""
         container = self._create(image, command, dict(env or {}), arch, labels,
-                                 limits=RunLimits(), background=background)
+                                 limits=RunLimits(gpus=gpus), background=background)
         try:
             _start(container)
             exit_code, _, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None,
@@ -405,6 +406,29 @@ class Engine:
         finally:
             _remove(container)
         return exit_code, output
+
+    def try_gpu_request(self, image: str, command: list[str], timeout: float = 120) -> tuple[bool, str]:
+        """Start a container of `image` running `command`, confined like a run, with a device
+        request for all GPUs (as `--gpus all`): (whether it started and exited 0, in words; a
+        refusal is the engine's own answer, e.g. `could not select device driver`)."""
+        limits = RunLimits(memory_bytes=256 * 1024**2, pids=64, gpus=True)
+        container = self._create(image, command, {}, None, {"org.torch-repro-lab.step": "gpu-check"},
+                                 limits=limits)
+        try:
+            try:
+                container.start()
+            except docker.errors.APIError as exc:
+                return False, _explanation(exc)
+            exit_code, timed_out, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None)
+            if timed_out:
+                return False, f"the test container ({image}) did not end within {timeout:.0f} s"
+            if exit_code != 0:
+                said = _read_capped(container.logs(stdout=True, stderr=True, stream=True), 4096)
+                return False, (f"the test container ({image}) started with the GPUs but exited {exit_code}: "
+                               + (said.decode("utf-8", "replace").strip()[:300] or "no output"))
+            return True, f"a test container ({image}) started with the GPUs and ran"
+        finally:
+            _remove(container)
 
     def read_file(self, image: str, path: str) -> bytes | None:
         """Read one regular file out of an image without starting a container (None when it is
@@ -623,7 +647,15 @@ def container_options(arch: Arch | None, labels: dict[str, str], limits: RunLimi
         options["pids_limit"] = limits.pids
     if limits.cpus:
         options["nano_cpus"] = int(limits.cpus * 1e9)
+    if limits.gpus:
+        options["device_requests"] = [gpu_request()]
     return options
+
+
+def gpu_request() -> DeviceRequest:
+    """A device request for all the engine's GPUs, as `docker run --gpus all`. An engine without the
+    NVIDIA container toolkit refuses it when the container starts: `could not select device driver`."""
+    return DeviceRequest(count=-1, capabilities=[["gpu"]])
 
 
 class _StreamReader(threading.Thread):
@@ -843,6 +875,12 @@ class _TarStream:
     def __exit__(self, *exc) -> None:
         self._reader.close()  # a writer still writing gets a broken pipe and ends
         self._writer.join(timeout=_JOIN_S)
+
+
+def _explanation(exc: docker.errors.APIError) -> str:
+    """The engine's own words in an API error (without the HTTP status line), else its first line."""
+    said = getattr(exc, "explanation", None)
+    return said.strip()[:300] if isinstance(said, str) and said.strip() else _short(exc)
 
 
 def _short(exc: BaseException) -> str:

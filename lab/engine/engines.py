@@ -60,7 +60,9 @@ class EngineFacts:
     arch: str | None = None           # amd64 or arm64 (the engine's native architecture)
     cpus: int | None = None
     memory: int | None = None         # bytes
-    gpu: bool | None = None           # the NVIDIA container runtime is registered
+    gpu: bool | None = None           # the NVIDIA container runtime is registered; for a GPU case the
+                                      # Fleet replaces it with the engine's answer to a test container
+    gpu_answer: str | None = None     # that answer, in the engine's words (lab.engine.gpu)
     version: str | None = None
     free_disk: int | None = None      # bytes free under the engine's data root, when this host can see it
     free_disk_note: str | None = None

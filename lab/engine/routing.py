@@ -1,7 +1,8 @@
 """Which engine runs a case, and how many cases each engine runs at once.
 
 Routing is pure logic over engine facts:
-- a GPU case goes only where the NVIDIA runtime is;
+- a GPU case goes only where the NVIDIA runtime is: for a Docker engine, where a test container that
+  requests all GPUs (as `--gpus all`) starts and runs (lab.engine.gpu; asked once per process);
 - a native engine comes before QEMU (an engine known to emulate the arch, then a remote one whose
   emulation is unknown);
 - `--engine NAME` pins the case to one engine, emulated or not.
@@ -16,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lab.core.errors import LabError
+from lab.engine import gpu as gpu_words
 from lab.engine.docker_engine import Engine
 from lab.engine.engines import EngineFacts
 
@@ -53,7 +55,9 @@ def routes(arch: str, gpu: bool, engines: Sequence[EngineFacts], pinned: str | N
             why_not.append(f"{e.name}: unreachable ({e.reason})")
             continue
         if gpu and not e.gpu:
-            why_not.append(f"{e.name}: no NVIDIA runtime")
+            why_not.append(f"{e.name}: no NVIDIA runtime" + (
+                f" ({e.url + ' ' if e.url and e.url != e.name else ''}refused a test container with "
+                f"{gpu_words.REQUEST_WORDS}: {e.gpu_answer})" if e.gpu_answer else ""))
             continue
         how = e.can_run(arch)
         if how is None:
@@ -64,9 +68,13 @@ def routes(arch: str, gpu: bool, engines: Sequence[EngineFacts], pinned: str | N
         ranked.append((_ORDER[how], position, Route(e.name, how != "native")))
     if not ranked:
         need = f"{arch}" + (" with a GPU" if gpu else "")
-        hint = gpu_hint if gpu and gpu_hint else (
-            "Add an engine that fits (`docker context create ...`, then `--engine NAME` or `engines` in "
-            "lab.toml; see `lab engines`), or register QEMU for emulation with `bin/setup-host`.")
+        if gpu and any(e.reachable and not e.gpu for e in engines):
+            hint = gpu_words.FIX + (f" {gpu_hint}" if gpu_hint else "")
+        elif gpu and gpu_hint:
+            hint = gpu_hint
+        else:
+            hint = ("Add an engine that fits (`docker context create ...`, then `--engine NAME` or `engines` in "
+                    "lab.toml; see `lab engines`), or register QEMU for emulation with `bin/setup-host`.")
         raise NoEngineError(f"no engine can run {what} ({need}): {'; '.join(why_not) or 'no engines'}.",
                             hint=hint)
     return [r for _, _, r in sorted(ranked, key=lambda t: (t[0], t[1]))]
@@ -133,7 +141,20 @@ class Fleet:
         usable = [f if f.name not in self.down else
                   EngineFacts(f.name, f.url, f.source, reachable=False, reason=self.down[f.name])
                   for f in self.facts if f.name in self.capacity or f.name == self.pinned]
+        if gpu:
+            usable = [self._gpu_checked(f) for f in usable]
         return routes(arch, gpu, usable, self.pinned, what, gpu_hint)
+
+    def _gpu_checked(self, facts: EngineFacts) -> EngineFacts:
+        """A Docker engine's facts with `gpu` from its answer to a test container that requests all
+        GPUs (the same check that stops a run before its build); the local engine's stay."""
+        engine = self.engines.get(facts.name)
+        if facts.kind != "docker" or not facts.reachable or engine is None:
+            return facts
+        answer = gpu_words.check(engine, make_image=True)
+        if answer.ok is None:
+            return facts
+        return replace(facts, gpu=answer.ok, gpu_answer=None if answer.ok else answer.answer)
 
     @contextlib.contextmanager
     def acquire(self, arch: str, gpu: bool, what: str = "the case",

@@ -1,6 +1,6 @@
-"""The cap against the real engine, with the cheapest real case (amd64, torch 2.13.0+cpu, which
-shares its layers with tests/data/e2e/sleeper.yaml): two runs make two images, and a prune under a
-cap of zero removes the older one and keeps the one a run in progress uses.
+"""The cap against the real engine, with the cheapest real case (amd64, the CPU torch of
+tests/cpu_torch.py, here 2.13.0+cpu, which shares its layers with tests/data/e2e/sleeper.yaml): two
+runs make two images, and a prune under a cap of zero removes the older one and keeps the one a run in progress uses.
 
 The engine is shared (other developers' runs use it), so this test looks only at images whose tag
 holds its own unique scenario name, and removes nothing else; its cache folder is its own.
@@ -21,12 +21,11 @@ from lab.engine.docker_engine import Engine
 from lab.pipeline import run_case
 from lab.scenario.schema import load_scenario
 from tests.conftest import SCENARIOS
+from tests.cpu_torch import TORCH
 
 BODY = """name: {name}
 title: cache eviction test
-torch: "2.13.0+cpu"
-arch: amd64
-base: debian:bookworm
+{torch}base: debian:bookworm
 system_packages: [g++, python3-dev]
 pip: [numpy]
 script: s.py
@@ -38,6 +37,7 @@ expect:
 
 @pytest.mark.docker
 @pytest.mark.timeout(2400)
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_small_cap_evicts_the_least_recently_used_image_and_keeps_the_one_in_use(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "cache"))
     uid = f"cachetest-{uuid.uuid4().hex[:10]}"
@@ -49,7 +49,7 @@ def test_a_small_cap_evicts_the_least_recently_used_image_and_keeps_the_one_in_u
             folder = tmp_path / which
             folder.mkdir()
             (folder / "s.py").write_text(f"print({which!r})\n")
-            (folder / "tiny.yaml").write_text(BODY.format(name=f"{uid}-{which}"))
+            (folder / "tiny.yaml").write_text(BODY.format(name=f"{uid}-{which}", torch=TORCH.header))
             case = resolve(load_scenario(folder / "tiny.yaml", SCENARIOS), torch=None, arch="amd64")
             outcome = run_case(case, engine, host, tmp_path / "runs", diagnose=False, collect_env=False)
             assert outcome.result.verdict == "reproduced", outcome.result.reason

@@ -1,7 +1,7 @@
 """Many engines, for real on one machine: the first engine (the machine's own dockerd, also reached
 through an ssh:// context), a second dockerd the fixture starts, and an address nothing answers.
 
-Cheapest cases: libgomp-amd64 and the sleeper (amd64, torch 2.13.0+cpu from the host's find-links);
+Cheapest cases: libgomp-amd64 and the sleeper (amd64, the CPU torch of tests/cpu_torch.py);
 vmap-inside-compile on arm64 for the bisections (three ~100 MB CPU wheels, its script stops in
 Dynamo before any C++ compile). The serial bisection keeps its images on the first engine, which
 tests/test_e2e_bisect.py then reuses."""
@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from tests.conftest import DATA, LAB, ROOT, last_json, run_lab
+from tests.cpu_torch import TORCH
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
@@ -55,9 +56,10 @@ def test_lab_engines_lists_every_engine_with_its_facts_and_skips_the_dead_one(en
     assert text.returncode == 0 and "unreachable, skipped" in text.stdout and "Traceback" not in text.stderr
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_pinned_run_goes_to_that_engine_and_names_it(engines, tmp_path):
     for name in ("second", "over-ssh"):
-        proc = lab(engines, "run", "libgomp-amd64", "--no-diagnose", "--json", "--engine", name,
+        proc = lab(engines, "run", "libgomp-amd64", *TORCH.args, "--no-diagnose", "--json", "--engine", name,
                    "--out", str(tmp_path / name))
         assert proc.returncode == 0, proc.stderr[-3000:]
         data = last_json(proc.stdout)
@@ -70,18 +72,20 @@ def test_a_pinned_run_goes_to_that_engine_and_names_it(engines, tmp_path):
     assert any(t.startswith("torch-repro-lab/case:libgomp-amd64-") for i in images for t in i.tags)
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_an_unreachable_engine_is_skipped_with_a_warning_and_never_fatal(engines, tmp_path):
-    proc = lab(engines, "run", "libgomp-amd64", "--no-diagnose", "--json", "--engine", "first",
+    proc = lab(engines, "run", "libgomp-amd64", *TORCH.args, "--no-diagnose", "--json", "--engine", "first",
                "--engine", NOWHERE, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"engine {NOWHERE} skipped" in proc.stderr
     assert last_json(proc.stdout)["engine"]["name"] == "first"
-    alone = lab(engines, "run", "libgomp-amd64", "--engine", NOWHERE, "--out", str(tmp_path))
+    alone = lab(engines, "run", "libgomp-amd64", *TORCH.args, "--engine", NOWHERE, "--out", str(tmp_path))
     assert alone.returncode != 0 and "does not answer" in alone.stderr and "Traceback" not in alone.stderr
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_matrix_spreads_across_two_engines(engines, tmp_path):
-    proc = lab(engines, "run", "libgomp-amd64", "--repeat", "2", "--no-diagnose", "--json",
+    proc = lab(engines, "run", "libgomp-amd64", *TORCH.args, "--repeat", "2", "--no-diagnose", "--json",
                "--engine", "first", "--engine", "second", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (cell,) = last_json(proc.stdout)["cells"]
@@ -91,6 +95,7 @@ def test_a_matrix_spreads_across_two_engines(engines, tmp_path):
     assert "2 at once on 2 engine(s)" in proc.stderr
 
 
+@pytest.mark.usefixtures("cpu_torch")
 def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(engines, tmp_path):
     first, second = docker.from_env(), docker.DockerClient(base_url=engines.second.url)
     # the sleeper with a long timeout: Ctrl-C ends the runs, not their timeout, however slowly the
@@ -101,9 +106,9 @@ def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(en
     scenario = folder / "sleeper.yaml"
     scenario.write_text((DATA / "e2e" / "sleeper.yaml").read_text().replace("timeout: 15", "timeout: 900"))
     for name in ("first", "second"):  # built beforehand, so the two runs start together
-        built = lab(engines, "build", str(scenario), "--engine", name)
+        built = lab(engines, "build", str(scenario), *TORCH.args, "--engine", name)
         assert built.returncode == 0, built.stderr[-3000:]
-    proc = subprocess.Popen([*LAB, "run", str(scenario), "--repeat", "2", "--no-diagnose",
+    proc = subprocess.Popen([*LAB, "run", str(scenario), *TORCH.args, "--repeat", "2", "--no-diagnose",
                              "--engine", "first", "--engine", "second", "--out", str(tmp_path / "runs")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **engines.env})

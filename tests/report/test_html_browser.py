@@ -4,7 +4,7 @@ console error, and no request but the page itself. Each test keeps a full-page s
 artifacts/browser/ (git-ignored; LAB_ARTIFACTS moves it) and in its pytest tmp folder.
 
 The first test is a real run: the committed run folder of torch 2.5.1 on arm64 (two libgomp); the
-docker test makes a fresh real matrix of the cheapest case (amd64, torch 2.13.0+cpu, run twice) and
+docker test makes a fresh real matrix of the cheapest case (amd64, the CPU torch of tests/cpu_torch.py, run twice) and
 opens its pages.
 """
 
@@ -21,6 +21,7 @@ from lab.drivers.bisect_report import write_bisect_report
 from lab.report.html import write_run_html
 from tests.browser import PageReport, find_chromium, open_page, save_screenshot
 from tests.conftest import DATA, ROOT, last_json, run_lab
+from tests.cpu_torch import TORCH
 from tests.drivers.test_bisect_report import VERSIONS, fake, regression
 
 pytestmark = pytest.mark.browser
@@ -97,12 +98,14 @@ def test_the_harness_sees_requests_and_errors(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.timeout(1200)
+@pytest.mark.usefixtures("cpu_torch")
 def test_a_fresh_real_matrix_writes_pages_that_render_and_is_in_the_history(tmp_path):
-    """The cheapest real case (amd64, torch 2.13.0+cpu from the local wheel), run twice as a matrix
+    """The cheapest real case (amd64, the CPU torch of tests/cpu_torch.py), run twice as a matrix
     (`--repeat 2`): each run's page, drawn from its own LD_DEBUG log (one libgomp: nothing red), the
     matrix folder's grid, and both runs in the run history as matrix cells."""
     runs = tmp_path / "runs"
-    proc = run_lab("run", "libgomp-amd64", "--repeat", "2", "--out", str(runs), "--json", "--no-diagnose")
+    proc = run_lab("run", "libgomp-amd64", *TORCH.args, "--repeat", "2", "--out", str(runs), "--json",
+                   "--no-diagnose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (cell,) = last_json(proc.stdout)["cells"]
     folder = Path(last_json(proc.stdout)["folder"])
@@ -120,7 +123,7 @@ def test_a_fresh_real_matrix_writes_pages_that_render_and_is_in_the_history(tmp_
     grid = open_page((folder / "report.html").as_uri(), ("#matrix-grid", "#matrix-grid td.cell a"))
     keep(grid, tmp_path, "matrix-libgomp-amd64.png")
     clean(grid)
-    assert "2.13.0+cpu" in visible(grid, "#matrix-grid")["text"]
+    assert TORCH.version in visible(grid, "#matrix-grid")["text"]
     assert f"{cell['reproduced']}/{cell['runnable']} reproduced" in visible(grid, "#matrix-grid")["text"]
     visible(grid, "#matrix-grid td.cell a")                                   # linked to the run's page
 
