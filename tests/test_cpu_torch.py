@@ -13,7 +13,7 @@ WHEEL = "torch-{}-cp311-cp311-manylinux_2_28_x86_64.whl"
 @pytest.fixture(autouse=True)
 def _no_pip_conf(monkeypatch):
     """Only the environment each test gives: not this host's pip.conf files."""
-    monkeypatch.setattr("lab.build.hostpip._config_files", lambda env: [])
+    monkeypatch.setattr("lab.core.pipconf.config_files", lambda env: [])
 
 
 def no_index():
