@@ -45,6 +45,10 @@ TorchOpt = Annotated[str | None, typer.Option("--torch", help="torch version (de
 ArchOpt = Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (default: the scenario's, or the "
                                              "default_arch setting where it lists several).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
+DepsOpt = Annotated[str | None, typer.Option(
+    "--deps", help="How everything but torch resolves: latest (today's index), era (as of the torch release's "
+    "upload date plus a week) or a date such as 2024-04-01 (default: the scenario's `deps`, else latest).",
+    show_default=False)]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Runs folder (default: the runs_dir setting, ./runs).")]
 EngineOpt = Annotated[list[str] | None, typer.Option(
     "--engine", help="Run on this engine only: a Docker context name, a DOCKER_HOST URL (unix://, tcp://, "
@@ -221,9 +225,17 @@ def _scenario_dirs() -> list[Path]:
     return [d.path for d in _settings().scenario_dirs()]
 
 
-def _load(ref: str):
+def _load(ref: str, deps: str | None = None):
     from lab.scenario.schema import load_scenario
-    return load_scenario(ref, _scenario_dirs())
+    return with_deps(load_scenario(ref, _scenario_dirs()), deps)
+
+
+def with_deps(scenario, deps: str | None):
+    """The scenario with `--deps` in place of its own `deps` (checked: a clear error names --deps)."""
+    if deps is None:
+        return scenario
+    from lab.build.resolve import check_deps
+    return scenario.model_copy(update={"deps": check_deps(deps)})
 
 
 def _arch_for(scenario, arch: str | None) -> str | None:
@@ -425,6 +437,7 @@ def run(
     jobs: JobsOpt = None,
     python_env: PythonEnvOpt = "venv",
     trust_script: TrustOpt = False,
+    deps: DepsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build and run a scenario (or a matrix of versions x arches), analyse what happened and write a report."""
@@ -440,7 +453,8 @@ def run(
             raise ScenarioError("--ablate runs every backend; leave out --backend and --mode.", field="--ablate")
         versions = split_list(torch, "--torch")
         arches = [parse_arch(a) for a in split_list(arch, "--arch") or []] or None
-        cases = select(expand(_load(scenario), versions, arches, backend, _parse_sets(sets or []), mode), select_k)
+        loaded = _load(scenario, deps)
+        cases = select(expand(loaded, versions, arches, backend, _parse_sets(sets or []), mode), select_k)
         if not cases:
             raise ScenarioError(f"-k {select_k!r} matches no cell.", field="-k")
         if repeat < 1:
@@ -599,7 +613,11 @@ def bisect_cmd(
         "skip (never a boundary), reproduced or not-reproduced.")] = "skip",
     localize: Annotated[bool, typer.Option("--localize/--no-localize", help="Localize a compile failure at the "
                                            "boundary (ablation, then compiler_bisector where torch ships it).")] = True,
+    blame: Annotated[bool, typer.Option("--blame/--no-blame", help="At the boundary, rebuild each side with the "
+                                        "other side's and its own era's dependencies and name the package that "
+                                        "flips the verdict, or torch alone (default: when they differ).")] = True,
     trust_script: TrustOpt = False,
+    deps: DepsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
@@ -611,7 +629,7 @@ def bisect_cmd(
         from lab.scenario.schema import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         counted = counting(failed_differently)
-        loaded = _load(scenario)
+        loaded = _load(scenario, deps)
         runs_root = _runs_root(out_dir)
         fleet = _fleet(engines, jobs, "venv", trust_script)
         if "local" in fleet.engines and len(fleet.engines) == 1:  # refuse before the first probe
@@ -643,7 +661,7 @@ def bisect_cmd(
                 run = run_bisect(loaded, scenario, old_v, new_v, _arch_for(loaded, arch), None, discover(),
                                  runs_root, progress, pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe,
                                  on_start=on_start, keep_images=keep_images, fleet=fleet,
-                                 failed_differently=counted, localize=localize)
+                                 failed_differently=counted, localize=localize, blame=blame)
         except KeyboardInterrupt:
             if resume:
                 err.print(f"resume with: [bold]{escape(resume[0])}[/]")

@@ -182,6 +182,7 @@ class _Resolved(BaseModel):
     vars: dict[str, str] = {}
     source_file: str | None = None
     base: dict[str, Any] | None = None   # the original host's base image: informative only
+    pins: tuple[str, ...] = ()           # the dependency versions the run pinned (lab.build.era): kept
 
 
 # --------------------------------------------------------------------------- prepare
@@ -287,7 +288,7 @@ def _case_from(unpacked: Unpacked, display: str) -> tuple[Case, Mapping[tuple, i
                             "(ablation.via: none).", file=display, line=lines.get(("resolved",)),
                             field="resolved.backend")
     case = resolve(scenario, torch=resolved.torch, arch=resolved.arch, backend=resolved.backend,
-                   mode=resolved.mode)
+                   mode=resolved.mode, pins=resolved.pins)
     return case, lines
 
 

@@ -259,6 +259,17 @@ class LocalRef(Record):
     confinement: str       # bubblewrap's version and what it allowed, or "not confined (--trust-script) ..."
 
 
+class DepsRef(Record):
+    """How everything but torch resolved (lab.build.era): the setting, uv's --exclude-newer cut, and
+    the version of every package the run had (its pip freeze, torch and the venv's tools left out)."""
+
+    setting: str = "latest"
+    exclude_newer: str | None = None
+    torch_uploaded: str | None = None
+    pinned: tuple[str, ...] = ()          # the pins the lab chose itself (a blame probe, a replay)
+    packages: dict[str, str] = {}
+
+
 class RunResult(Document):
     """result.json of a run that reached a verdict, and `lab run --json`."""
 
@@ -294,6 +305,7 @@ class RunResult(Document):
     torch_build: TorchBuild | None = None                 # torch/version.py of the image
     content_key: str | None = None      # lab.build.casekey: what the run was made from (reuse only the same)
     content_parts: dict[str, str] | None = None   # each part's own hash, to say which one changed
+    deps: DepsRef | None = None         # how the dependencies resolved, and what the run had
 
 
 class UnfinishedRun(Document):
@@ -476,6 +488,29 @@ def release_tag(version: str) -> str:
     return "v" + version.split("+", 1)[0]
 
 
+class Blamed(Record):
+    """One package whose version flips the verdict at a bisection's boundary (lab.drivers.blame);
+    `torch` itself when torch alone flips it. `old`/`new`: the older side's (or the era's) version and
+    the newer side's (or today's)."""
+
+    package: str
+    old: str | None = None
+    new: str | None = None
+
+
+class BlameStep(Record):
+    """One run of the blame step: a boundary release rebuilt with another dependency set."""
+
+    torch: str
+    label: str                      # what it was given: "2.3.0's dependencies", "its era's", "ddmin 1"...
+    changed: tuple[str, ...] = ()   # the packages whose version differed from what the probe ran with
+    verdict: str
+    flips: bool | None = None       # None: no verdict (error, timeout)
+    run_dir: str | None = None
+    total_s: float | None = None
+    reused: bool = False
+
+
 class BisectResult(Document):
     """Where the behaviour changes (lab.bisect finds it; lab.bisect_run adds where and how it ran).
 
@@ -514,6 +549,11 @@ class BisectResult(Document):
     compare: tuple[str, ...] = ()                 # the compare summary of the boundary pair (lab compare)
     localization: str | None = None               # the bad boundary release localized (lab.drivers.localize)
     localize_dir: str | None = None               # its localize.json and localize.md
+    deps: str = "latest"                          # how everything but torch resolved (lab.build.era)
+    blame: tuple[Blamed, ...] = ()                # what flips the verdict at the boundary (lab.drivers.blame)
+    blame_summary: str | None = None              # the blame step's answer in one sentence, or why not run
+    blame_fix: str | None = None                  # a line a maintainer can act on ("pin numpy<2 on torch <= 2.2.x")
+    blame_steps: tuple[BlameStep, ...] = ()       # its runs
 
     @computed_field  # type: ignore[prop-decorator]
     @property

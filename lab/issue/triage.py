@@ -86,9 +86,9 @@ Compare = Callable[[TriageState], dict]
 
 def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], tuple[str, str, str | None, str, str]],
                run: Run, bisect: Bisect, newest: Callable[[str], str], compare: Compare,
-               note: Callable[[str, str], None] = lambda step, msg: None) -> TriageState:
+               note: Callable[[str, str], None] = lambda step, msg: None, deps: str | None = None) -> TriageState:
     """Every step not yet in `state`, saving it after each. `make_scenario` gives (yaml, name,
-    upstream, torch, arch) of the written scenario."""
+    upstream, torch, arch) of the written scenario. `deps` (`--deps`) overrides the scenario's."""
     path = folder / STATE_FILE
     if state.scenario is None or not Path(state.scenario).is_file():
         yaml_path, name, upstream, torch, arch = make_scenario()
@@ -102,6 +102,9 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
     from lab.build.resolve import resolve
     from lab.scenario.schema import load_scenario
     scenario = load_scenario(state.scenario)
+    if deps is not None:
+        from lab.build.resolve import check_deps
+        scenario = scenario.model_copy(update={"deps": check_deps(deps)})
     torch, arch = scenario.torch[0], scenario.arch[0].value
 
     def key(version: str):

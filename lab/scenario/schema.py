@@ -116,6 +116,8 @@ _FIELD_HELP: dict[str, str] = {
     "such as 139 or [134, 139]",
     "expect.graph_breaks_min": "must be a whole number of graph breaks, at least 1: reproduced when "
     "torch._dynamo.explain counts that many or more",
+    "deps": "must be `latest` (today's index, the default), `era` (as of the torch release's upload date "
+    'plus a week) or a date such as "2024-04-01"',
     "network": "must be true or false (true: the script needs network access at run time)",
     "limits": "must be a mapping with any of memory, pids, cpus, output, logs, such as "
     "{memory: 8g, pids: 4096, cpus: 2, output: 1g, logs: 64m}",
@@ -432,6 +434,17 @@ Slug = Annotated[str, AfterValidator(_check_slug)]
 OneLine = Annotated[str, AfterValidator(_check_one_line)]
 Url = Annotated[str, AfterValidator(_check_url)]
 ImageRef = Annotated[str, AfterValidator(_check_image)]
+
+
+def _check_deps(value: Any) -> str:
+    from lab.build.era import parse_deps
+    try:
+        return parse_deps(value)
+    except ValueError:
+        raise _Invalid(f"{_FIELD_HELP['deps']}, got {_show(value)}") from None
+
+
+DepsSetting = Annotated[str, BeforeValidator(_check_deps)]
 TorchVersion = Annotated[str, BeforeValidator(_version_item), AfterValidator(_check_version)]
 ArchItem = Annotated[Arch, BeforeValidator(_arch_item)]
 DebPackage = Annotated[str, AfterValidator(_check_deb)]
@@ -548,6 +561,7 @@ class Scenario(BaseModel):
     cpu_variant: Slug | None = None
     system_packages: Annotated[tuple[DebPackage, ...], BeforeValidator(_none_to_list)] = ()
     pip: Annotated[tuple[PipRequirement, ...], BeforeValidator(_none_to_list)] = ()
+    deps: DepsSetting = "latest"   # how everything but torch resolves (lab.build.era)
     env: Annotated[dict[VarName, Text], BeforeValidator(_none_to_dict)] = Field(default_factory=dict)
     vars: Annotated[dict[VarName, Text], BeforeValidator(_none_to_dict)] = Field(default_factory=dict)
     script: Path
