@@ -688,9 +688,13 @@ def compare_cmd(
     """What changed between two runs of one scenario, most telling first: verdict and exception, graph
     breaks, loaded libraries, pip packages, environment, Dockerfile."""
     def body() -> None:
-        from lab.compare.diff import compare_runs, resolve_pair
+        from lab.compare.diff import blame_lines, compare_runs, resolve_pair
         c = compare_runs(*resolve_pair(a, b))
-        for line in c.summary:
+        first: list[str] = []
+        if b is None and (a / "bisect.json").is_file():  # dependencies first when they are the cause
+            from lab.core.results import BisectResult, read_document
+            first = blame_lines(read_document(a / "bisect.json", BisectResult))
+        for line in [*first, *c.summary]:
             (err if as_json else out).print(line, markup=False, highlight=False, soft_wrap=True)
         if as_json:
             out.print(json.dumps(c.to_json()), markup=False)

@@ -170,7 +170,9 @@ def triage_cmd(
                 run = run_bisect(loaded, yaml_path, old, new, arch, None, host, runs_root, progress, fleet=fleet)
             res = run.result
             return BisectStep(status=res.status, last_old=res.last_old, first_new=res.first_new,
-                              folder=str(run.folder), summary=res.summary)
+                              folder=str(run.folder), summary=res.summary,
+                              blame=[b.model_dump() for b in getattr(res, "blame", ())],
+                              blame_fix=getattr(res, "blame_fix", None))
 
         def newest(arch: str) -> str:
             return candidates("torch", host=host, python="3.11", arch=arch)[-1]

@@ -41,6 +41,8 @@ class BisectStep:
     first_new: str | None = None
     folder: str | None = None
     summary: str = ""
+    blame: list = field(default_factory=list)   # [{package, old, new}] (lab.drivers.blame); torch alone: torch
+    blame_fix: str | None = None
 
 
 @dataclass
@@ -222,6 +224,10 @@ def summary_lines(state: TriageState) -> list[str]:
         b = state.bisect
         if b and b.status == "found" and b.first_new:
             lines.append(f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old}).")
+            if b.blame_fix:
+                lines.append("What flips it: " + ("torch alone." if b.blame_fix == "torch alone" else
+                             ", ".join(f"{x['package']} {x['old']} → {x['new']}" for x in b.blame)
+                             + f", not torch ({b.blame_fix})."))
         elif b:
             lines.append(f"The bisection did not find the release: {b.status}. {b.summary}".strip())
     else:

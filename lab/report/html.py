@@ -189,6 +189,12 @@ class BisectView:
     source: object = None                 # core.results.SourceBoundary: commits, compare link, git bisect
     compare_lines: tuple[str, ...] = ()   # lab compare's summary of the boundary pair
     localization: str | None = None
+    blame: tuple[str, ...] = ()
+
+
+def blame_lines(result: BisectResult) -> list[str]:
+    from lab.compare.diff import blame_lines as lines
+    return lines(result)
 
 
 def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> Path:
@@ -204,7 +210,8 @@ def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> 
                       summary=result.summary, timeline=Markup(timeline_svg), boundary=boundary,
                       compare=compare if len(compare) == 2 else (), rows=rows,
                       notes=result.notes, resume=result.resume, candidates=result.candidates,
-                      source=result.source, compare_lines=result.compare, localization=result.localization)
+                      source=result.source, compare_lines=result.compare, localization=result.localization,
+                      blame=tuple(blame_lines(result)))
     path = folder / HTML_NAME
     _write(path, render("bisect.html.j2", view))
     return path
