@@ -300,7 +300,7 @@ class Progress:
     """Progress of long work on stderr: build steps stay on screen, the rest updates one status line
     (no status line with -q; with -v every message stays on screen)."""
 
-    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache")
+    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache", "deps", "blame")
 
     def __init__(self) -> None:
         self._status = None if _OUTPUT.quiet else err.status("starting", spinner="dots")
@@ -399,6 +399,8 @@ def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None, e
         check_release(case, host)  # before anything is built
         engine = _engine_for(_fleet(engines, None), case)
         with Progress() as progress:
+            from lab.build import era
+            case = era.apply(case, host, progress)[0]  # `deps: era` or a date: pinned as a run pins them
             image = build_image(plan_build(case, host, progress), engine, host, progress)
         err.print(f"{'cached' if image.cached else 'built'} {image.tag} "
                   f"({image.base.origin} base {image.base.ref})")
@@ -688,12 +690,12 @@ def compare_cmd(
     """What changed between two runs of one scenario, most telling first: verdict and exception, graph
     breaks, loaded libraries, pip packages, environment, Dockerfile."""
     def body() -> None:
-        from lab.compare.diff import blame_lines, compare_runs, resolve_pair
+        from lab.compare.diff import compare_runs, resolve_pair
         c = compare_runs(*resolve_pair(a, b))
         first: list[str] = []
         if b is None and (a / "bisect.json").is_file():  # dependencies first when they are the cause
             from lab.core.results import BisectResult, read_document
-            first = blame_lines(read_document(a / "bisect.json", BisectResult))
+            first = read_document(a / "bisect.json", BisectResult).blame_lines()
         for line in [*first, *c.summary]:
             (err if as_json else out).print(line, markup=False, highlight=False, soft_wrap=True)
         if as_json:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -41,49 +40,16 @@ from packaging.utils import canonicalize_name
 
 from lab.build.hostpip import HostPip
 from lab.core.errors import LabError
+from lab.scenario.schema import _DATE_RE, DEPS_HELP, ERA, LATEST, parse_deps, rfc3339  # noqa: F401 (re-exported)
 
-LATEST = "latest"
-ERA = "era"
 GRACE = timedelta(days=7)
 FAR_FUTURE = "2999-01-01T00:00:00Z"   # exempts a pinned package from the cut
-_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _FORMAT = 1
 SKIPPED = frozenset({"torch", "pip", "setuptools", "wheel", "distribute"})  # never part of a dependency set
-DEPS_HELP = ('must be `latest` (today\'s index), `era` (as of the torch release\'s upload date plus a week) '
-             'or a date such as "2024-04-01"')
 
 
 class DepsError(LabError):
     """A `deps` setting is malformed, or an era cannot be resolved (no upload time, uv found no solution)."""
-
-
-def parse_deps(value: object) -> str:
-    """The canonical spelling of a deps setting: `latest`, `era`, `YYYY-MM-DD` or an RFC 3339 time
-    in UTC (`2024-04-01T12:00:00Z`). Raises ValueError with DEPS_HELP."""
-    if hasattr(value, "isoformat") and not isinstance(value, str):  # YAML reads 2024-04-01 as a date
-        value = value.isoformat()
-    if not isinstance(value, str):
-        raise ValueError(f"{DEPS_HELP}, got {value!r}")
-    text = value.strip()
-    if text.lower() in (LATEST, ERA):
-        return text.lower()
-    if _DATE_RE.fullmatch(text):
-        try:
-            datetime.strptime(text, "%Y-%m-%d")
-        except ValueError:
-            raise ValueError(f"{DEPS_HELP}, got {value!r}") from None
-        return text
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{DEPS_HELP}, got {value!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return rfc3339(when)
-
-
-def rfc3339(when: datetime) -> str:
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: str) -> datetime:

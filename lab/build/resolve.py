@@ -141,7 +141,7 @@ def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = Non
 
 def check_deps(value: str, option: str = "--deps") -> str:
     """A deps setting from the command line, canonical; a clear error otherwise."""
-    from lab.build.era import parse_deps
+    from lab.scenario.schema import parse_deps
     try:
         return parse_deps(value)
     except ValueError as exc:

@@ -488,27 +488,10 @@ def counting(value: str) -> str:
                            hint="skip (the default) never makes such a probe the boundary.") from None
 
 
-def blame_lines(result: BisectResult) -> list[str]:
-    """The blame step's answer (lab.drivers.blame): dependencies first when they are the cause."""
-    if not result.blame and not result.blame_summary:
-        return []
-    deps = [b for b in result.blame if b.package != "torch"]
-    out = []
-    if deps:
-        out.append("cause: dependencies, not torch: " + ", ".join(f"{b.package} {b.old} → {b.new}" for b in deps))
-    elif result.blame:
-        out.append(f"cause: torch alone ({result.last_old} → {result.first_new})")
-    if result.blame_summary:
-        out.append(f"blame: {result.blame_summary}")
-    if result.blame_fix and deps:
-        out.append(f"to act on: {result.blame_fix}")
-    return out
-
-
 def boundary_lines(result: BisectResult) -> list[str]:
     """What `lab bisect` prints after its result: the blame (dependencies or torch), the boundary pinned
     to source, the probes that failed differently, and the compare summary of the boundary pair."""
-    out: list[str] = blame_lines(result)
+    out: list[str] = result.blame_lines()
     if result.source is not None:
         s = result.source
         out.append(f"commits: {s.last_old} = {s.last_old_commit or 'not recorded'}, "

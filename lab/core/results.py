@@ -567,6 +567,22 @@ class BisectResult(Document):
         """Every release that was probed and skipped, in probe order."""
         return tuple(p.version for p in self.steps if p.skipped)
 
+    def blame_lines(self) -> list[str]:
+        """The blame step's answer (lab.drivers.blame) in lines: dependencies first when they are the cause."""
+        if not self.blame and not self.blame_summary:
+            return []
+        deps = [b for b in self.blame if b.package != "torch"]
+        out = []
+        if deps:
+            out.append("cause: dependencies, not torch: " + ", ".join(f"{b.package} {b.old} → {b.new}" for b in deps))
+        elif self.blame:
+            out.append(f"cause: torch alone ({self.last_old} → {self.first_new})")
+        if self.blame_summary:
+            out.append(f"blame: {self.blame_summary}")
+        if self.blame_fix and deps:
+            out.append(f"to act on: {self.blame_fix}")
+        return out
+
     @property
     def direction(self) -> str | None:
         """`regression` (not_reproduced -> reproduced), `fix` (the reverse), or None."""

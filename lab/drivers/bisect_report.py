@@ -76,11 +76,6 @@ class BisectView:
     blame_steps: tuple[tuple[str, str, str], ...] = ()  # label, verdict, flips (escaped cells)
 
 
-def blame_lines(result: BisectResult) -> list[str]:
-    from lab.compare.diff import blame_lines as lines
-    return lines(result)
-
-
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
                     candidates: Sequence[str], resume_command: str = "") -> str:
     from lab.report.markdown import render
@@ -105,7 +100,7 @@ def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectR
                         f"counted as {result.failed_differently} (--failed-differently)"),
         compare="\n".join(result.compare), localization=_md(result.localization or ""),
         localize_link="localize/localize.md" if result.localize_dir else "",
-        blame=tuple(_md(line) for line in blame_lines(result)),
+        blame=tuple(_md(line) for line in result.blame_lines()),
         blame_steps=tuple((_cell(st.label), _cell(st.verdict), {True: "yes", False: "no"}.get(st.flips, "no verdict"))
                           for st in result.blame_steps)))
 

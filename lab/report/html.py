@@ -192,11 +192,6 @@ class BisectView:
     blame: tuple[str, ...] = ()
 
 
-def blame_lines(result: BisectResult) -> list[str]:
-    from lab.compare.diff import blame_lines as lines
-    return lines(result)
-
-
 def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> Path:
     """report.html of a bisect folder: the summary, the timeline (SVG made by the driver), every probe."""
     rows = tuple(ProbeRow(n, p.version, p.verdict, p.outcome, p.reason, _link(folder, p.run_dir))
@@ -211,7 +206,7 @@ def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> 
                       compare=compare if len(compare) == 2 else (), rows=rows,
                       notes=result.notes, resume=result.resume, candidates=result.candidates,
                       source=result.source, compare_lines=result.compare, localization=result.localization,
-                      blame=tuple(blame_lines(result)))
+                      blame=tuple(result.blame_lines()))
     path = folder / HTML_NAME
     _write(path, render("bisect.html.j2", view))
     return path

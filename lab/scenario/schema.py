@@ -18,6 +18,7 @@ import difflib
 import os
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -436,8 +437,43 @@ Url = Annotated[str, AfterValidator(_check_url)]
 ImageRef = Annotated[str, AfterValidator(_check_image)]
 
 
+LATEST = "latest"
+ERA = "era"
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+DEPS_HELP = ("must be `latest` (today's index), `era` (as of the torch release's upload date plus a week) "
+             'or a date such as "2024-04-01"')
+
+
+def parse_deps(value: object) -> str:
+    """The canonical spelling of a deps setting: `latest`, `era`, `YYYY-MM-DD` or an RFC 3339 time
+    in UTC (`2024-04-01T12:00:00Z`). Raises ValueError with DEPS_HELP."""
+    if hasattr(value, "isoformat") and not isinstance(value, str):  # YAML reads 2024-04-01 as a date
+        value = value.isoformat()
+    if not isinstance(value, str):
+        raise ValueError(f"{DEPS_HELP}, got {value!r}")
+    text = value.strip()
+    if text.lower() in (LATEST, ERA):
+        return text.lower()
+    if _DATE_RE.fullmatch(text):
+        try:
+            datetime.strptime(text, "%Y-%m-%d")
+        except ValueError:
+            raise ValueError(f"{DEPS_HELP}, got {value!r}") from None
+        return text
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{DEPS_HELP}, got {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return rfc3339(when)
+
+
+def rfc3339(when: datetime) -> str:
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _check_deps(value: Any) -> str:
-    from lab.build.era import parse_deps
     try:
         return parse_deps(value)
     except ValueError:
