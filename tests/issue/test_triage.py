@@ -123,3 +123,27 @@ def test_an_edited_scenario_runs_its_steps_again_and_says_why(tmp_path):
     go()
     assert calls[len(first):] == first  # the run, the newest release's run and the bisection
     assert "torch 2.5.1 runs again: the scenario changed since (expect)" in notes
+
+
+def test_the_blame_of_the_bisection_is_in_the_answer_and_survives_a_resume(tmp_path):
+    def run(yaml, torch, arch):
+        return RunStep(torch, arch, "reproduced" if torch == "2.5.1" else "not_reproduced", run_dir=f"/r/{torch}")
+
+    blame = [{"package": "numpy", "old": "1.26.4", "new": "2.4.6"}]
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path), run=run,
+                       bisect=lambda *a: BisectStep("found", "2.6.0", "2.7.0", blame=blame,
+                                                    blame_fix="pin numpy<2 on torch <= 2.6.x"),
+                       newest=lambda arch: "2.15.0", compare=compare_seam())
+    line = summary_lines(state)[-1]
+    assert line == "What flips it: numpy 1.26.4 → 2.4.6, not torch (pin numpy<2 on torch <= 2.6.x)."
+    assert f"- {line}" in (tmp_path / "t" / "comment.md").read_text()
+    again = TriageState.load(tmp_path / "t" / "triage.json", "p")
+    assert again.bisect.blame == blame and summary_lines(again)[-1] == line
+
+
+def test_the_written_scenario_resolves_in_the_release_s_era_without_a_numpy_pin(tmp_path):
+    from lab.scenario.schema import load_scenario
+    yaml_path = _make(tmp_path)()[0]
+    scenario = load_scenario(yaml_path)
+    assert scenario.deps == "era"
+    assert "numpy<2" not in scenario.pip
