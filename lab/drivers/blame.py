@@ -92,7 +92,8 @@ def blame_boundary(result: BisectResult, sets: tuple[dict[str, str] | None, dict
             break
     if flipped is None:
         return {"blame": (Blamed(package="torch", old=old, new=new),),
-                "blame_summary": f"torch alone flips the verdict: {_tried(steps)} kept each side's verdict",
+                "blame_summary": "torch alone flips the verdict: every rebuild kept its side's verdict "
+                                 f"({_tried(steps)})",
                 "blame_fix": "torch alone", "blame_steps": tuple(steps)}
     c = flipped
     packages = diff(c.ran, c.other)
