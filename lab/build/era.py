@@ -176,8 +176,9 @@ def _compile(requirements: tuple[str, ...], *, cut: str, host: HostPip, python: 
                               capture_output=True, text=True, env=env, cwd=work, timeout=1800)
         if proc.returncode != 0:
             lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-            why = "; ".join(ln for ln in lines if not ln.startswith(("Resolved", "warning:")))[:600]
-            raise DepsError(f"uv could not resolve {' '.join(requirements)} as of {cut}: {why}",
+            why = "; ".join(ln for ln in lines if not ln.startswith(("Resolved", "warning:")))
+            why = why if len(why) <= 600 else why[:600].rstrip() + "..."
+            raise DepsError(f"uv could not resolve {' '.join(requirements)} as of {cut}: {why.rstrip('.')}.",
                             hint="Try another date with --deps, or `--deps latest`.")
         text = out.read_text()
     found = []
