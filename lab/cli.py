@@ -46,6 +46,10 @@ TorchOpt = Annotated[str | None, typer.Option("--torch", help="torch version (de
 ArchOpt = Annotated[str | None, typer.Option("--arch", help="amd64 or arm64 (default: the scenario's, or the "
                                              "default_arch setting where it lists several).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
+DepsOpt = Annotated[str | None, typer.Option(
+    "--deps", help="How everything but torch resolves: latest (today's index), era (as of the torch release's "
+    "upload date plus a week) or a date such as 2024-04-01 (default: the scenario's `deps`, else latest).",
+    show_default=False)]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Runs folder (default: the runs_dir setting, ./runs).")]
 EngineOpt = Annotated[list[str] | None, typer.Option(
     "--engine", help="Run on this engine only: a Docker context name, a DOCKER_HOST URL (unix://, tcp://, "
@@ -222,9 +226,17 @@ def _scenario_dirs() -> list[Path]:
     return [d.path for d in _settings().scenario_dirs()]
 
 
-def _load(ref: str):
+def _load(ref: str, deps: str | None = None):
     from lab.scenario.schema import load_scenario
-    return load_scenario(ref, _scenario_dirs())
+    return with_deps(load_scenario(ref, _scenario_dirs()), deps)
+
+
+def with_deps(scenario, deps: str | None):
+    """The scenario with `--deps` in place of its own `deps` (checked: a clear error names --deps)."""
+    if deps is None:
+        return scenario
+    from lab.build.resolve import check_deps
+    return scenario.model_copy(update={"deps": check_deps(deps)})
 
 
 def _arch_for(scenario, arch: str | None) -> str | None:
@@ -295,7 +307,7 @@ class Progress:
     """Progress of long work on stderr: build steps stay on screen, the rest updates one status line
     (no status line with -q; with -v every message stays on screen)."""
 
-    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache")
+    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache", "deps", "blame")
 
     def __init__(self) -> None:
         self._status = None if _OUTPUT.quiet else err.status("starting", spinner="dots")
@@ -394,6 +406,8 @@ def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None, e
         check_release(case, host)  # before anything is built
         engine = _engine_for(_fleet(engines, None), case)
         with Progress() as progress:
+            from lab.build import era
+            case = era.apply(case, host, progress)[0]  # `deps: era` or a date: pinned as a run pins them
             image = build_image(plan_build(case, host, progress), engine, host, progress)
         err.print(f"{'cached' if image.cached else 'built'} {image.tag} "
                   f"({image.base.origin} base {image.base.ref})")
@@ -432,6 +446,7 @@ def run(
     jobs: JobsOpt = None,
     python_env: PythonEnvOpt = "venv",
     trust_script: TrustOpt = False,
+    deps: DepsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build and run a scenario (or a matrix of versions x arches), analyse what happened and write a report."""
@@ -447,7 +462,8 @@ def run(
             raise ScenarioError("--ablate runs every backend; leave out --backend and --mode.", field="--ablate")
         versions = split_list(torch, "--torch")
         arches = [parse_arch(a) for a in split_list(arch, "--arch") or []] or None
-        cases = select(expand(_load(scenario), versions, arches, backend, _parse_sets(sets or []), mode), select_k)
+        loaded = _load(scenario, deps)
+        cases = select(expand(loaded, versions, arches, backend, _parse_sets(sets or []), mode), select_k)
         if not cases:
             raise ScenarioError(f"-k {select_k!r} matches no cell.", field="-k")
         if repeat < 1:
@@ -606,7 +622,11 @@ def bisect_cmd(
         "skip (never a boundary), reproduced or not-reproduced.")] = "skip",
     localize: Annotated[bool, typer.Option("--localize/--no-localize", help="Localize a compile failure at the "
                                            "boundary (ablation, then compiler_bisector where torch ships it).")] = True,
+    blame: Annotated[bool, typer.Option("--blame/--no-blame", help="At the boundary, rebuild each side with the "
+                                        "other side's and its own era's dependencies and name the package that "
+                                        "flips the verdict, or torch alone (default: when they differ).")] = True,
     trust_script: TrustOpt = False,
+    deps: DepsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
@@ -618,7 +638,7 @@ def bisect_cmd(
         from lab.scenario.schema import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         counted = counting(failed_differently)
-        loaded = _load(scenario)
+        loaded = _load(scenario, deps)
         runs_root = _runs_root(out_dir)
         fleet = _fleet(engines, jobs, "venv", trust_script)
         if "local" in fleet.engines and len(fleet.engines) == 1:  # refuse before the first probe
@@ -650,7 +670,7 @@ def bisect_cmd(
                 run = run_bisect(loaded, scenario, old_v, new_v, _arch_for(loaded, arch), None, discover(),
                                  runs_root, progress, pre=pre, sets=_parse_sets(sets or []), on_probe=on_probe,
                                  on_start=on_start, keep_images=keep_images, fleet=fleet,
-                                 failed_differently=counted, localize=localize)
+                                 failed_differently=counted, localize=localize, blame=blame)
         except KeyboardInterrupt:
             if resume:
                 err.print(f"resume with: [bold]{escape(resume[0])}[/]")
@@ -682,7 +702,11 @@ def compare_cmd(
     def body() -> None:
         from lab.compare.diff import compare_runs, resolve_pair
         c = compare_runs(*resolve_pair(a, b))
-        for line in c.summary:
+        first: list[str] = []
+        if b is None and (a / "bisect.json").is_file():  # dependencies first when they are the cause
+            from lab.core.results import BisectResult, read_document
+            first = read_document(a / "bisect.json", BisectResult).blame_lines()
+        for line in [*first, *c.summary]:
             (err if as_json else out).print(line, markup=False, highlight=False, soft_wrap=True)
         if as_json:
             out.print(json.dumps(c.to_json()), markup=False)

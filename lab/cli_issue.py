@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from lab.cli import (
     _COLOURS,
+    DepsOpt,
     EngineOpt,
     JobsOpt,
     JsonOpt,
@@ -26,6 +27,7 @@ from lab.cli import (
     command,
     err,
     out,
+    with_deps,
 )
 from lab.core import exitcodes as codes
 
@@ -119,6 +121,7 @@ def triage_cmd(
     out_dir: OutOpt = None,
     engines: EngineOpt = None,
     jobs: JobsOpt = None,
+    deps: DepsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """From an issue to an answer: from-issue, a run on the page's version and arch, a run on the newest
@@ -150,7 +153,7 @@ def triage_cmd(
             return str(target), written.scenario.name, inf.page.url, inf.torch, inf.arch.value
 
         def one(yaml_path: str, torch: str, arch: str) -> RunStep:
-            case = resolve(load_scenario(yaml_path), torch=torch, arch=arch)
+            case = resolve(with_deps(load_scenario(yaml_path), deps), torch=torch, arch=arch)
             check_release(case, host)
             engine = _engine_for(fleet, case)
             with Progress() as progress:
@@ -162,18 +165,20 @@ def triage_cmd(
                            key=r.content_key, parts=r.content_parts)
 
         def bis(yaml_path: str, old: str, new: str, arch: str) -> BisectStep:
-            loaded = load_scenario(yaml_path)
+            loaded = with_deps(load_scenario(yaml_path), deps)
             with Progress() as progress:
                 run = run_bisect(loaded, yaml_path, old, new, arch, None, host, runs_root, progress, fleet=fleet)
             res = run.result
             return BisectStep(status=res.status, last_old=res.last_old, first_new=res.first_new,
-                              folder=str(run.folder), summary=res.summary)
+                              folder=str(run.folder), summary=res.summary,
+                              blame=[b.model_dump() for b in getattr(res, "blame", ())],
+                              blame_fix=getattr(res, "blame_fix", None))
 
         def newest(arch: str) -> str:
             return candidates("torch", host=host, python="3.11", arch=arch)[-1]
 
         state = run_triage(state, tri, make_scenario=make, run=one, bisect=bis, newest=newest,
-                           compare=compare_seam(),
+                           compare=compare_seam(), deps=deps,
                            note=lambda step, msg: err.print(f"[dim]{step}[/] {escape(msg)}", soft_wrap=True))
         err.print("[bold]answer:[/]")
         for line in summary_lines(state):

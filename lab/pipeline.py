@@ -17,6 +17,7 @@ from lab.analyze.dynamo import Diagnostics, load_diagnostics
 from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.analyze.torchbuild import parse_version_file
+from lab.build import era
 from lab.build.base import ensure_base
 from lab.build.casekey import content_key
 from lab.build.crossinstall import VENV_IN_IMAGE, install_with_uv
@@ -40,6 +41,7 @@ from lab.report import run_folder as report
 R = TypeVar("R")
 
 LD_DEBUG = "libs,files"
+DEPS_LOCK = "deps.lock"  # an era's or a date's resolution: what uv pinned, with the cut
 # Files the lab writes into diagnose/ itself: a diagnose run's /out may not bring them.
 DIAGNOSE_RESERVED = frozenset({"stdout.txt", "stderr.txt", "diagnostics.json", "diagnostics.json.tmp"})
 COLLECT_ENV_TIMEOUT_S = 900
@@ -144,6 +146,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     clock = _Clock()
     local = is_local(engine)
     content = content_key(case)  # before anything is made: an edit of the script during the run is not this run
+    case, depset = era.apply(case, host, events)  # `era` or a date: pinned on the host before the build
     base_ready = None
     if plan is None:
         if not local:  # the base (a bootstrap under QEMU takes minutes) is made while uv works on the host
@@ -165,12 +168,14 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     if (note := mark_run(runs_root, run_dir)) is not None:  # a probe's or a rung's folder, made by its driver
         logging.getLogger("lab").warning(note)
     write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
+    if depset is not None:
+        (run_dir / DEPS_LOCK).write_text(depset.lock_text(case.torch))
     report.write_scenario(run_dir, case, None)
     emulated = case.arch != engine.arch
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version, engine_name=engine.name,
                   host_arch=engine.arch.uname, emulated=emulated, started=started,
                   engine_kind="local" if local else "docker",
-                  content=content)
+                  content=content, depset=depset)
     try:
         try:
             with clock("build"):

@@ -25,7 +25,8 @@ def runs(tmp_path_factory) -> Path:
 
 def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
     args = ["bisect", "vmap-inside-compile", "--from", "2.3.1", "--to", "2.4.1", "--arch", "arm64",
-            "--out", str(runs), "--json", "--keep-images", "--jobs", "1"]  # serial (tests/engines runs it in parallel)
+            "--out", str(runs), "--json", "--keep-images", "--jobs", "1",  # serial (tests/engines runs it in parallel)
+            "--no-blame"]  # the blame step has its own e2e test (test_e2e_blame)
     proc = run_lab(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)

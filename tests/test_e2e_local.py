@@ -267,7 +267,7 @@ def test_lab_engines_lists_local():
 def test_a_bisection_on_the_local_engine_across_three_releases(tmp_path, frees_its_cuda_build):
     runs = tmp_path / "runs"
     proc = run_lab("bisect", "compile-py311", "--from", "2.0.0", "--to", "2.1.0", "--engine", "local",
-                   "--out", str(runs), "--json")
+                   "--out", str(runs), "--json", "--no-blame")  # blame: test_e2e_blame
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     assert result["status"] == "found", result

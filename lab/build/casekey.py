@@ -12,7 +12,9 @@ nothing, while every value that changes what is built, what runs or how it is ju
 - `expect`: the judging conditions;
 - `vars`: the scenario's vars after `--set`;
 - `base`: the base image the scenario asks for;
-- `deps`: pip requirements, system packages and how they are installed (the cross_install setting);
+- `deps`: pip requirements, system packages, how they are installed (the cross_install setting),
+  the dependency era (`deps`: latest, era or a date, lab.build.era) and the pins the lab chose
+  itself (a blame probe's); an era's resolved pins follow from the setting and are not a part;
 - `lab`: RULES_VERSION, the Dockerfile template(s) the case renders with (the shipped ones or
   `templates_dir`'s) and the in-image runner (lab_run.py).
 
@@ -41,7 +43,8 @@ PARTS = ("case", "scenario", "script", "expect", "vars", "base", "deps", "lab")
 # How each part is named when it differs from a recorded one (the progress line says these).
 PART_WORDS = {"case": "torch, arch, backend or mode", "scenario": "env, args, timeout, limits, gpu, network "
               "or ablation", "script": "the script", "expect": "expect", "vars": "vars (with --set)",
-              "base": "base", "deps": "pip, system_packages or cross_install", "lab": "the lab's templates, "
+              "base": "base", "deps": "pip, system_packages, "
+              "cross_install or the dependencies' era (deps)", "lab": "the lab's templates, "
               "runner or judging rules"}
 
 
@@ -97,7 +100,9 @@ def _values(case: Case) -> dict[str, object]:
         "vars": dict(case.vars),
         "base": s.base,
         "deps": {"pip": list(s.pip), "system_packages": sorted(s.system_packages),
-                 "cross_install": _cross_install()},
+                 "cross_install": _cross_install(),
+                 **({"era": case.deps} if case.deps != "latest" else {}),
+                 **({"pins": sorted(case.pins)} if case.pins else {})},
         "lab": {"rules": RULES_VERSION, "templates": _templates(case), "runner": _runner()},
     }
 

@@ -48,7 +48,7 @@ MAX_AGE_S = 24 * 3600
 TIMEOUT_S = 30.0
 ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
           "text/html;q=0.01")
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: with each file's upload time
 
 
 class ReleaseError(LabError):
@@ -66,6 +66,7 @@ class IndexFile:
     filename: str
     yanked: bool = False
     requires_python: str | None = None
+    upload_time: str | None = None   # PEP 700 `upload-time` (JSON API only), ISO 8601
 
 
 # -- public API -------------------------------------------------------------------------------------
@@ -98,6 +99,49 @@ def candidates(project: str = "torch", *, host: HostPip | None = None, python: s
             if include_pre or not version.is_prerelease:
                 found.setdefault(version, published)
     return [found[v] for v in sorted(found)]
+
+
+def upload_time(project: str, version: str, *, host: HostPip | None = None, python: str = "3.11",
+                arch: Arch | str = "arm64", cache_dir: Path | None = None, refresh: bool = False,
+                timeout: float = TIMEOUT_S, max_age_s: float = MAX_AGE_S) -> str | None:
+    """When `version` of `project` was published: the earliest PEP 700 `upload-time` of its wheels
+    that fit `python` on `arch` (any of its files when none fits), across the host's remote
+    indexes. A local build (`2.13.0+cpu` from a find-links folder) has no upload time of its own:
+    its public version's is used. None when no index says (HTML-only indexes, folders)."""
+    host = host or HostPip()
+    tags = wheel_tags(python, arch)
+    folder = Path(cache_dir) if cache_dir is not None else cache.cache_dir("index")
+    name = canonicalize_name(project)
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return None
+    fitting: list[str] = []
+    other: list[str] = []
+    for public in (False, True):
+        for kind, url in sources(host):
+            if is_local(url):
+                continue
+            files = _files(kind, url, name, host=host, folder=folder, refresh=refresh, timeout=timeout,
+                           max_age_s=max_age_s)
+            for f in files:
+                if not f.upload_time or f.yanked:
+                    continue
+                try:
+                    wname, v, _, wtags = parse_wheel_filename(f.filename)
+                except (InvalidWheelFilename, InvalidVersion):
+                    continue
+                if wname != name or (v.public != wanted.public if public else v != wanted):
+                    continue
+                (fitting if wtags & tags else other).append(f.upload_time)
+        if fitting or other:
+            break
+    found = fitting or other
+    return min(found, key=_iso_key) if found else None
+
+
+def _iso_key(text: str) -> str:
+    return text.replace("Z", "+00:00")
 
 
 def between(versions: Sequence[str], old: str, new: str, *, what: str = "compatible wheel") -> list[str]:
@@ -237,7 +281,7 @@ def _parse_json(data: dict) -> list[IndexFile]:
     for f in data["files"]:
         yanked = f.get("yanked", False)
         out.append(IndexFile(unquote(f["filename"]), yanked is True or isinstance(yanked, str),
-                             f.get("requires-python") or None))
+                             f.get("requires-python") or None, f.get("upload-time") or None))
     return out
 
 
@@ -341,14 +385,16 @@ def _read_cache(path: Path, page: str, max_age_s: float) -> list[IndexFile] | No
         age = time.time() - float(data["fetched_at"])
         if not 0 <= age < max_age_s:
             return None
-        return [IndexFile(f["filename"], bool(f["yanked"]), f.get("requires_python")) for f in data["files"]]
+        return [IndexFile(f["filename"], bool(f["yanked"]), f.get("requires_python"), f.get("upload_time"))
+                for f in data["files"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _write_cache(path: Path, page: str, files: list[IndexFile]) -> None:
     data = {"format": _CACHE_FORMAT, "url": _cache_id(page), "fetched_at": time.time(),
-            "files": [{"filename": f.filename, "yanked": f.yanked, "requires_python": f.requires_python}
+            "files": [{"filename": f.filename, "yanked": f.yanked, "requires_python": f.requires_python,
+                       "upload_time": f.upload_time}
                       for f in files if f.filename.endswith(".whl")]}
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)

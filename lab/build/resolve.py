@@ -74,6 +74,13 @@ class Case:
     backend: str | None = None
     vars: tuple[tuple[str, str], ...] = field(default=())
     mode: str | None = None
+    # How everything but torch resolves (lab.build.era): `latest`, `era` or a date. Part of the key.
+    deps: str = "latest"
+    # `name==version` pins the lab chose itself (a bisection's blame step, a replay): part of the key.
+    pins: tuple[str, ...] = ()
+    # The era's resolved pins (lab.build.era.apply, on the host before the build): derived from
+    # `deps`, so not part of the content key; part of the requirements and so of the site key.
+    resolved: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def name(self) -> str:
@@ -95,7 +102,7 @@ class Case:
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        return (f"torch=={self.torch}", *self.scenario.pip)
+        return (f"torch=={self.torch}", *self.scenario.pip, *self.pins, *self.resolved)
 
     @cached_property
     def wheel_tags(self) -> frozenset[Tag]:
@@ -117,7 +124,7 @@ class Case:
 
 def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = None,
             backend: str | None = None, sets: dict[str, str] | None = None,
-            mode: str | None = None) -> Case:
+            mode: str | None = None, deps: str | None = None, pins: tuple[str, ...] = ()) -> Case:
     """Choose the case to run. A scenario that pins several versions or arches needs a choice.
 
     Every value given here is checked as strictly as the scenario file's: `torch` must be a PEP 440
@@ -127,8 +134,18 @@ def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = Non
     _check_backend(scenario, backend, mode)
     if sets:
         scenario = scenario.with_vars(sets)
+    setting = scenario.deps if deps is None else check_deps(deps)
     return Case(scenario=scenario, torch=version, arch=Arch(chosen_arch), backend=backend,
-                vars=tuple(sorted(scenario.vars.items())), mode=mode)
+                vars=tuple(sorted(scenario.vars.items())), mode=mode, deps=setting, pins=tuple(pins))
+
+
+def check_deps(value: str, option: str = "--deps") -> str:
+    """A deps setting from the command line, canonical; a clear error otherwise."""
+    from lab.scenario.schema import parse_deps
+    try:
+        return parse_deps(value)
+    except ValueError as exc:
+        raise ScenarioError(f"{exc}.", field=option) from None
 
 
 def _check_backend(scenario: Scenario, backend: str | None, mode: str | None) -> None:

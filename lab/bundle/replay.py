@@ -51,9 +51,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from lab.build.hostpip import HostPip
 from lab.build.render import BASE_PACKAGES, ContextFile, Sealed, context_digest, plan_build, render_dockerfile
@@ -222,6 +222,17 @@ class ReplayOutcome:
     built: Built
 
 
+_PIN_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,100}[A-Za-z0-9])?==[A-Za-z0-9][A-Za-z0-9.+!_-]{0,60}")
+
+
+def _check_pin(value: str) -> str:
+    """A pin the run recorded (lab.build.era): `name==version` and nothing else; it goes into the
+    requirements, so a line break or an option is refused."""
+    if not _PIN_RE.fullmatch(value):
+        raise ValueError(f"must be a pin such as numpy==1.26.4, got {value[:60]!r}")
+    return value
+
+
 class _Resolved(BaseModel):
     """The `resolved` block of a run folder's scenario.yaml (lab.report.resolved_scenario)."""
 
@@ -236,6 +247,7 @@ class _Resolved(BaseModel):
     vars: dict[str, str] = {}
     source_file: str | None = None
     base: dict[str, Any] | None = None   # the original host's base image: informative only
+    pins: list[Annotated[str, AfterValidator(_check_pin)]] = []  # what the run pinned (lab.build.era)
 
 
 # --------------------------------------------------------------------------- prepare
@@ -348,7 +360,7 @@ def _case_from(unpacked: Unpacked, display: str) -> tuple[Case, Mapping[tuple, i
                             "(ablation.via: none).", file=display, line=lines.get(("resolved",)),
                             field="resolved.backend")
     case = resolve(scenario, torch=resolved.torch, arch=resolved.arch, backend=resolved.backend,
-                   mode=resolved.mode)
+                   mode=resolved.mode, pins=tuple(resolved.pins))
     return case, lines
 
 

@@ -91,7 +91,13 @@ def _bisect_comment(folder: Path) -> tuple[str, dict]:
                 f"{result.first_new}.")
     if result.status == "ambiguous":
         line += f" (Ambiguous: {', '.join(result.skipped_between)} could not be run.)"
-    parts = [f"**{line}**", "", _title(scenario, bad), ""]
+    parts = [f"**{line}**", ""]
+    deps = [b for b in result.blame if b.package != "torch"]
+    if deps:
+        parts += [f"**Dependencies, not torch:** {result.blame_fix}. {_capital(result.blame_summary or '')}", ""]
+    elif result.blame:
+        parts += [f"**torch alone** flips the verdict: {result.blame_summary or ''}".rstrip(": "), ""]
+    parts += [_title(scenario, bad), ""]
     parts += _environment(bad, bad_dir, scenario)
     parts += _commands(bad, bad_dir, scenario)
     if result.source is not None:
@@ -120,6 +126,10 @@ def _bisect_comment(folder: Path) -> tuple[str, dict]:
     parts += _localization(result, folder)
     parts += _script(bad_dir, scenario)
     return "\n".join(parts).rstrip() + "\n", scenario
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("." if text and not text.endswith(".") else "")
 
 
 # --- one run ----------------------------------------------------------------------------------------

@@ -489,9 +489,9 @@ def counting(value: str) -> str:
 
 
 def boundary_lines(result: BisectResult) -> list[str]:
-    """What `lab bisect` prints after its result: the boundary pinned to source, the probes that failed
-    differently, and the compare summary of the boundary pair."""
-    out: list[str] = []
+    """What `lab bisect` prints after its result: the blame (dependencies or torch), the boundary pinned
+    to source, the probes that failed differently, and the compare summary of the boundary pair."""
+    out: list[str] = result.blame_lines()
     if result.source is not None:
         s = result.source
         out.append(f"commits: {s.last_old} = {s.last_old_commit or 'not recorded'}, "

@@ -295,6 +295,17 @@ class LocalRef(Record):
     confinement: str       # bubblewrap's version and what it allowed, or "not confined (--trust-script) ..."
 
 
+class DepsRef(Record):
+    """How everything but torch resolved (lab.build.era): the setting, uv's --exclude-newer cut, and
+    the version of every package the run had (its pip freeze, torch and the venv's tools left out)."""
+
+    setting: str = "latest"
+    exclude_newer: str | None = None
+    torch_uploaded: str | None = None
+    pinned: tuple[str, ...] = ()          # the pins the lab chose itself (a blame probe, a replay)
+    packages: dict[str, str] = {}
+
+
 class RunResult(Document):
     """result.json of a run that reached a verdict, and `lab run --json`."""
 
@@ -331,6 +342,7 @@ class RunResult(Document):
     content_key: str | None = None      # lab.build.casekey: what the run was made from (reuse only the same)
     content_parts: dict[str, str] | None = None   # each part's own hash, to say which one changed
     signature: FailureSignature | None = None             # how the script failed, when it failed
+    deps: DepsRef | None = None         # how the dependencies resolved, and what the run had
 
 
 class UnfinishedRun(Document):
@@ -514,6 +526,29 @@ def release_tag(version: str) -> str:
     return "v" + version.split("+", 1)[0]
 
 
+class Blamed(Record):
+    """One package whose version flips the verdict at a bisection's boundary (lab.drivers.blame);
+    `torch` itself when torch alone flips it. `old`/`new`: the older side's (or the era's) version and
+    the newer side's (or today's)."""
+
+    package: str
+    old: str | None = None
+    new: str | None = None
+
+
+class BlameStep(Record):
+    """One run of the blame step: a boundary release rebuilt with another dependency set."""
+
+    torch: str
+    label: str                      # what it was given: "2.3.0's dependencies", "its era's", "ddmin 1"...
+    changed: tuple[str, ...] = ()   # the packages whose version differed from what the probe ran with
+    verdict: str
+    flips: bool | None = None       # None: no verdict (error, timeout)
+    run_dir: str | None = None
+    total_s: float | None = None
+    reused: bool = False
+
+
 class BisectResult(Document):
     """Where the behaviour changes (lab.bisect finds it; lab.bisect_run adds where and how it ran).
 
@@ -556,6 +591,11 @@ class BisectResult(Document):
     compare: tuple[str, ...] = ()                 # the compare summary of the boundary pair (lab compare)
     localization: str | None = None               # the bad boundary release localized (lab.drivers.localize)
     localize_dir: str | None = None               # its localize.json and localize.md
+    deps: str = "latest"                          # how everything but torch resolved (lab.build.era)
+    blame: tuple[Blamed, ...] = ()                # what flips the verdict at the boundary (lab.drivers.blame)
+    blame_summary: str | None = None              # the blame step's answer in one sentence, or why not run
+    blame_fix: str | None = None                  # a line a maintainer can act on ("pin numpy<2 on torch <= 2.2.x")
+    blame_steps: tuple[BlameStep, ...] = ()       # its runs
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -568,6 +608,22 @@ class BisectResult(Document):
     def skipped(self) -> tuple[str, ...]:
         """Every release that was probed and skipped, in probe order."""
         return tuple(p.version for p in self.steps if p.skipped)
+
+    def blame_lines(self) -> list[str]:
+        """The blame step's answer (lab.drivers.blame) in lines: dependencies first when they are the cause."""
+        if not self.blame and not self.blame_summary:
+            return []
+        deps = [b for b in self.blame if b.package != "torch"]
+        out = []
+        if deps:
+            out.append("cause: dependencies, not torch: " + ", ".join(f"{b.package} {b.old} → {b.new}" for b in deps))
+        elif self.blame:
+            out.append(f"cause: torch alone ({self.last_old} → {self.first_new})")
+        if self.blame_summary:
+            out.append(f"blame: {self.blame_summary}")
+        if self.blame_fix and deps:
+            out.append(f"to act on: {self.blame_fix}")
+        return out
 
     @property
     def direction(self) -> str | None:

@@ -72,6 +72,8 @@ class BisectView:
     compare: str = ""                             # lab compare's summary of the boundary pair
     localization: str = ""
     localize_link: str = ""
+    blame: tuple[str, ...] = ()                   # lab.compare.diff.blame_lines (escaped)
+    blame_steps: tuple[tuple[str, str, str], ...] = ()  # label, verdict, flips (escaped cells)
 
 
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
@@ -97,7 +99,10 @@ def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectR
         failed_counted=("skipped: never a boundary" if result.failed_differently == SKIP else
                         f"counted as {result.failed_differently} (--failed-differently)"),
         compare="\n".join(result.compare), localization=_md(result.localization or ""),
-        localize_link="localize/localize.md" if result.localize_dir else ""))
+        localize_link="localize/localize.md" if result.localize_dir else "",
+        blame=tuple(_md(line) for line in result.blame_lines()),
+        blame_steps=tuple((_cell(st.label), _cell(st.verdict), {True: "yes", False: "no"}.get(st.flips, "no verdict"))
+                          for st in result.blame_steps)))
 
 
 def _source(result: BisectResult) -> tuple[tuple[str, str], ...]:

@@ -73,7 +73,9 @@ class BisectRun:
 
 
 def bisect_folder(runs_root: Path, scenario: Scenario, arch: str, old: str, new: str) -> Path:
-    return runs_root / scenario.name / f"bisect-{arch}-{old}-{new}"
+    """`bisect-<arch>-<old>-<new>`, with `-deps-<setting>` when the dependencies are not `latest`."""
+    deps = "" if scenario.deps == "latest" else "-deps-" + scenario.deps.replace(":", "")
+    return runs_root / scenario.name / f"bisect-{arch}-{old}-{new}{deps}"
 
 
 def resume_command(scenario_ref: str, old: str, new: str, arch: str, runs_root: Path, pre: bool,
@@ -114,7 +116,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                on_start: Callable[[list[str], Path, str], None] | None = None,
                keep_images: bool = False, run_case: RunCase | None = None,
                candidates: Releases | None = None, fleet: Fleet | None = None,
-               failed_differently: str = SKIP, localize: bool = True) -> BisectRun:
+               failed_differently: str = SKIP, localize: bool = True, blame: bool = True) -> BisectRun:
     """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
 
     `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
@@ -135,7 +137,9 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     releases' commits, a compare link, a `git bisect start` line) and carries `lab compare`'s
     summary of the boundary pair. With `localize`, a boundary release that reproduces a compile
     failure is localized (lab.drivers.localize: the ablation's layer, compiler_bisector's subsystem)
-    into `<folder>/localize/`."""
+    into `<folder>/localize/`. With `blame` (the default), the boundary pair is rebuilt with each
+    other's and its own era's dependencies (lab.drivers.blame, runs under `<folder>/blame/`) to name
+    the package that flips the verdict, or torch alone."""
     from lab.drivers.bisect_report import write_bisect_report
     if run_case is None:
         from lab.pipeline import run_case as production
@@ -151,6 +155,10 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     folder = bisect_folder(runs_root, scenario, arch, found[0], found[-1])
     folder.mkdir(parents=True, exist_ok=True)
     resume = resume_command(scenario_ref, old, new, arch, runs_root, pre, _local_words(fleet), sets)
+    if scenario.deps != "latest":
+        resume += " --deps " + shlex.quote(scenario.deps)
+    if not blame:
+        resume += " --no-blame"
     if failed_differently != SKIP:
         resume += " --failed-differently " + failed_differently.replace("_", "-")
     if on_start:
@@ -254,7 +262,14 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
                 f"the scenario expects only an exit code, so every failing probe was held to the failure "
                 f"torch {keeper.source} recorded first ({keeper.signature.words()}, in {SIGNATURE_NAME}); "
                 "pin it in the scenario as expect.signature"))})
-    result = at_the_boundary(result)
+    result = at_the_boundary(result).model_copy(update={"deps": scenario.deps})
+    if blame and result.status == FOUND:
+        with cache_policy.lease():
+            result = result.model_copy(update=_blame(result, scenario, arch, sets, host, runs_root, folder,
+                                                     engine, fleet, run_case, events, keep_images,
+                                                     failed_differently))
+    elif not blame:
+        result = result.model_copy(update={"blame_summary": "not run (--no-blame)"})
     bad = _bad_release(result) if localize else None
     if bad is not None:
         from lab.drivers.localize import localize as localize_case
@@ -272,6 +287,71 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             result = result.model_copy(update={"localization": f"torch {bad} was not localized: {exc}"})
     write_bisect_report(folder, scenario.name, arch, result, found, resume)
     return BisectRun(folder, result, found, resume)
+
+
+def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: HostPip, runs_root: Path, folder: Path,
+           engine: Engine | None, fleet: Fleet | None, run_case: RunCase, events: Events, keep_images: bool,
+           failed_differently: str) -> dict:
+    """lab.drivers.blame with real runs (under `<folder>/blame/`, reused while their content key holds)."""
+    import time
+
+    from lab.build import era
+    from lab.build.crossinstall import target_for
+    from lab.core.results import BlameStep
+    from lab.drivers.blame import blame_boundary
+    where = folder / "blame"
+    steps = {p.version: p for p in result.steps}
+
+    def ran_with(version: str | None) -> dict[str, str] | None:
+        probe = steps.get(version or "")
+        freeze = Path(probe.run_dir) / "pip-freeze.txt" if probe and probe.run_dir else None
+        return era.freeze_versions(freeze.read_text(errors="replace")) if freeze and freeze.is_file() else None
+
+    def era_set(version: str) -> dict[str, str] | None:
+        case = resolve(scenario, torch=version, arch=arch, sets=sets)
+        target = target_for(case)
+        if target is None:
+            return None
+        found = era.resolve_set((f"torch=={version}", *scenario.pip), setting=era.ERA, torch=version, host=host,
+                                python=target.python, arch=target.arch, platform=target.uv_platform)
+        return found.versions()
+
+    def run_with(version: str, pins: dict[str, str], label: str, changed: tuple[str, ...]) -> BlameStep:
+        run_dir = where / f"torch{version}-{label}"
+        case = resolve(scenario, torch=version, arch=arch, sets=sets, pins=era.versions_to_pins(pins))
+        previous = _finished(run_dir)
+        if previous is not None and content_key(case).differs(previous.content_key, previous.content_parts) is None:
+            return BlameStep(torch=version, label=label, changed=changed, verdict=previous.verdict.value,
+                             run_dir=str(run_dir), total_s=previous.timings.total_s if previous.timings else None,
+                             reused=True)
+        started = time.monotonic()
+
+        def go(on: Engine, emulated: bool | None = None) -> str:
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True)
+            outcome = run_case(case, on, host, runs_root, events, run_dir=run_dir, diagnose=False, collect_env=False)
+            image = outcome.result.image
+            if not keep_images and image is not None and not image.cached and outcome.result.local is None:
+                on.anchor_shared_layers(image.tag)
+                on.remove_image(image.tag)
+            return outcome.result.verdict.value
+        try:
+            verdict = go(engine) if fleet is None else on_engine(
+                fleet, arch, scenario.gpu, f"the blame run of torch {version}", go, events)
+        except EngineError:
+            raise
+        except LabError as exc:
+            events("blame", f"torch {version} ({label}): no verdict: {exc}")
+            verdict = "error"
+        return BlameStep(torch=version, label=label, changed=changed, verdict=verdict, run_dir=str(run_dir),
+                         total_s=round(time.monotonic() - started, 2))
+
+    found = blame_boundary(result, (ran_with(result.last_old), ran_with(result.first_new)), run_with, era_set,
+                           events, failed_differently)
+    if found.get("blame_summary"):
+        events("blame", found["blame_summary"])
+    return found
 
 
 def at_the_boundary(result: BisectResult) -> BisectResult:

@@ -171,7 +171,8 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
                                         f"local engine has none (`lab localize {case.scenario.name} --torch "
                                         f"{case.torch}` on a Docker engine runs it)")
     else:
-        plan = plan_build(case, host, events)
+        from lab.build import era
+        plan = plan_build(era.apply(case, host)[0], host, events)  # the dependencies the ablation's runs had
         image = build_image(plan, engine, host, events, folder / "build.log")  # the ablation's image, cached
         reader = read_source or (lambda rel: _decoded(read_torch_file(engine, image.tag, case, rel)))
         bisector = run_bisector(case, engine, image.tag, folder, events, reader(BISECTOR_MODULE))

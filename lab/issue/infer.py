@@ -447,19 +447,15 @@ def _page_pins(lines: list[str]) -> dict[str, tuple[str, int]]:
 
 
 def _numpy(pins, torch_v, facts, fixups) -> str:
-    old_torch = Version(torch_v) < Version("2.3.0")
+    """numpy as the page pins it, else unpinned: the scenario's `deps: era` resolves it (and the rest)
+    as of torch's release (lab.build.era), so an old torch meets the NumPy it was built against."""
     page = pins.get("numpy")
     if page:
-        if old_torch and Version(page[0].split("+")[0]) >= Version("2"):
-            fixups.append(f"pip: numpy<2 instead of the page's numpy=={page[0]} (line {page[1]}): torch {torch_v} "
-                          "was built against NumPy 1.x")
-            return "numpy<2"
         facts.append(Fact("pip", f"numpy=={page[0]}", page[1], "pinned as the page pins it"))
         return f"numpy=={page[0]}"
-    req = "numpy<2" if old_torch else "numpy"
-    facts.append(Fact("pip", req, None, "torch imports it when present" + (f"; torch {torch_v} needs NumPy 1.x"
-                                                                            if old_torch else ""), default=True))
-    return req
+    facts.append(Fact("pip", "numpy", None, f"torch imports it when present; its version is torch {torch_v}'s era's "
+                                            "(deps: era)", default=True))
+    return "numpy"
 
 
 def _companion(name: str, torch_v: str) -> str:

@@ -41,6 +41,8 @@ class BisectStep:
     first_new: str | None = None
     folder: str | None = None
     summary: str = ""
+    blame: list = field(default_factory=list)   # [{package, old, new}] (lab.drivers.blame); torch alone: torch
+    blame_fix: str | None = None
 
 
 @dataclass
@@ -86,9 +88,9 @@ Compare = Callable[[TriageState], dict]
 
 def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], tuple[str, str, str | None, str, str]],
                run: Run, bisect: Bisect, newest: Callable[[str], str], compare: Compare,
-               note: Callable[[str, str], None] = lambda step, msg: None) -> TriageState:
+               note: Callable[[str, str], None] = lambda step, msg: None, deps: str | None = None) -> TriageState:
     """Every step not yet in `state`, saving it after each. `make_scenario` gives (yaml, name,
-    upstream, torch, arch) of the written scenario."""
+    upstream, torch, arch) of the written scenario. `deps` (`--deps`) overrides the scenario's."""
     path = folder / STATE_FILE
     if state.scenario is None or not Path(state.scenario).is_file():
         yaml_path, name, upstream, torch, arch = make_scenario()
@@ -102,6 +104,9 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
     from lab.build.resolve import resolve
     from lab.scenario.schema import load_scenario
     scenario = load_scenario(state.scenario)
+    if deps is not None:
+        from lab.build.resolve import check_deps
+        scenario = scenario.model_copy(update={"deps": check_deps(deps)})
     torch, arch = scenario.torch[0], scenario.arch[0].value
 
     def key(version: str):
@@ -220,6 +225,10 @@ def summary_lines(state: TriageState) -> list[str]:
         b = state.bisect
         if b and b.status == "found" and b.first_new:
             lines.append(f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old}).")
+            if b.blame_fix:
+                lines.append("What flips it: " + ("torch alone." if b.blame_fix == "torch alone" else
+                             ", ".join(f"{x['package']} {x['old']} → {x['new']}" for x in b.blame)
+                             + f", not torch ({b.blame_fix})."))
         elif b:
             lines.append(f"The bisection did not find the release: {b.status}. {b.summary}".strip())
     else:

@@ -105,6 +105,7 @@ def _yaml_text(inf: Inference, name: str, script: Path, *, gpu: bool, cpu_varian
             data["cpu_variant"] = cpu_variant
     data["system_packages"] = list(SYSTEM_PACKAGES)
     data["pip"] = list(inf.pip)
+    data["deps"] = "era"  # the page's pins above; everything else as of the torch release (lab.build.era)
     if inf.env:
         data["env"] = dict(inf.env)
     data["script"] = script.as_posix()
@@ -140,6 +141,7 @@ base: debian:bookworm       # or a CUDA image such as {gpu_base} (then gpu: true
 gpu: false
 system_packages: [g++, python3-dev]   # Inductor on CPU compiles C++ against Python.h
 pip: [numpy]                # PEP 508 requirements; torch itself comes from `torch:`
+# deps: era                 # latest (default) | era (as of the torch release, plus a week) | "2024-04-01"
 # env: {{OMP_NUM_THREADS: "4"}}
 script: scripts/{script}    # relative to this file; it runs only inside the container
 timeout: 1200               # seconds

@@ -191,6 +191,7 @@ class BisectView:
     source: object = None                 # core.results.SourceBoundary: commits, compare link, git bisect
     compare_lines: tuple[str, ...] = ()   # lab compare's summary of the boundary pair
     localization: str | None = None
+    blame: tuple[str, ...] = ()
 
 
 def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> Path:
@@ -206,7 +207,8 @@ def write_bisect_html(folder: Path, result: BisectResult, timeline_svg: str) -> 
                       summary=result.summary, timeline=Markup(timeline_svg), boundary=boundary,
                       compare=compare if len(compare) == 2 else (), rows=rows,
                       notes=result.notes, resume=result.resume, candidates=result.candidates,
-                      source=result.source, compare_lines=result.compare, localization=result.localization)
+                      source=result.source, compare_lines=result.compare, localization=result.localization,
+                      blame=tuple(result.blame_lines()))
     path = folder / HTML_NAME
     _write(path, render("bisect.html.j2", view))
     return path

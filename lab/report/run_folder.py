@@ -20,6 +20,7 @@ from lab.analyze.dynamo import Diagnostics
 from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
 from lab.build.casekey import ContentKey
+from lab.build.era import DepSet, freeze_versions, pins_to_versions
 from lab.build.resolve import Case
 from lab.core.arch import with_emulated_env
 from lab.core.errors import LabError
@@ -27,6 +28,7 @@ from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, Buil
 from lab.core.results import (
     RESULT_NAME,
     BaseRef,
+    DepsRef,
     EngineRef,
     ImageRef,
     LocalRef,
@@ -64,6 +66,7 @@ class RunRecord:
     engine_kind: str = "docker"        # "local": this host, no container
     local: LocalRef | None = None      # the local engine's host, Python and confinement
     content: ContentKey | None = None  # lab.build.casekey of the case, taken before the build
+    depset: DepSet | None = None       # lab.build.era: the era's resolution (None: `latest`)
 
 
 def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:
@@ -94,6 +97,7 @@ def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
         "case": case.name, "torch": case.torch, "arch": case.arch.value,
         "platform": case.arch.platform, "backend": case.backend, "vars": dict(case.vars),
         "source_file": str(case.scenario.source),
+        **({"pins": [*case.pins, *case.resolved]} if case.pins or case.resolved else {}),
         "base": None if base is None else {"requested": base.requested, "ref": base.ref,
                                            "image_id": base.image_id, "origin": base.origin,
                                            "recipe": base.recipe},
@@ -105,6 +109,18 @@ def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
 def write_scenario(run_dir: Path, case: Case, base: BaseImage | None) -> None:
     (run_dir / "scenario.yaml").write_text(
         yaml.safe_dump(resolved_scenario(case, base), sort_keys=False, allow_unicode=True))
+
+
+def deps_ref(rec: RunRecord) -> DepsRef:
+    """result.json's `deps`: the setting, the cut, and every package the run had (its pip freeze;
+    without one, what the lab pinned)."""
+    freeze = rec.run_dir / "pip-freeze.txt"
+    packages = freeze_versions(freeze.read_text(errors="replace")) if freeze.is_file() else {}
+    if not packages:
+        packages = pins_to_versions((*rec.case.pins, *rec.case.resolved))
+    d = rec.depset
+    return DepsRef(setting=rec.case.deps, exclude_newer=d.cut if d else None,
+                   torch_uploaded=d.released if d else None, pinned=rec.case.pins, packages=packages)
 
 
 def run_result(rec: RunRecord) -> RunResult:
@@ -146,6 +162,7 @@ def run_result(rec: RunRecord) -> RunResult:
         content_key=rec.content.digest if rec.content else None,
         content_parts=dict(rec.content.parts) if rec.content else None,
         signature=rec.judgement.signature,
+        deps=deps_ref(rec),
     )
 
 

@@ -18,6 +18,7 @@ import difflib
 import os
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -118,6 +119,8 @@ _FIELD_HELP: dict[str, str] = {
     "such as 139 or [134, 139]",
     "expect.graph_breaks_min": "must be a whole number of graph breaks, at least 1: reproduced when "
     "torch._dynamo.explain counts that many or more",
+    "deps": "must be `latest` (today's index, the default), `era` (as of the torch release's upload date "
+    'plus a week) or a date such as "2024-04-01"',
     "network": "must be true or false (true: the script needs network access at run time)",
     "limits": "must be a mapping with any of memory, pids, cpus, output, logs, such as "
     "{memory: 8g, pids: 4096, cpus: 2, output: 1g, logs: 64m}",
@@ -434,6 +437,52 @@ Slug = Annotated[str, AfterValidator(_check_slug)]
 OneLine = Annotated[str, AfterValidator(_check_one_line)]
 Url = Annotated[str, AfterValidator(_check_url)]
 ImageRef = Annotated[str, AfterValidator(_check_image)]
+
+
+LATEST = "latest"
+ERA = "era"
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+DEPS_HELP = ("must be `latest` (today's index), `era` (as of the torch release's upload date plus a week) "
+             'or a date such as "2024-04-01"')
+
+
+def parse_deps(value: object) -> str:
+    """The canonical spelling of a deps setting: `latest`, `era`, `YYYY-MM-DD` or an RFC 3339 time
+    in UTC (`2024-04-01T12:00:00Z`). Raises ValueError with DEPS_HELP."""
+    if hasattr(value, "isoformat") and not isinstance(value, str):  # YAML reads 2024-04-01 as a date
+        value = value.isoformat()
+    if not isinstance(value, str):
+        raise ValueError(f"{DEPS_HELP}, got {value!r}")
+    text = value.strip()
+    if text.lower() in (LATEST, ERA):
+        return text.lower()
+    if _DATE_RE.fullmatch(text):
+        try:
+            datetime.strptime(text, "%Y-%m-%d")
+        except ValueError:
+            raise ValueError(f"{DEPS_HELP}, got {value!r}") from None
+        return text
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{DEPS_HELP}, got {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return rfc3339(when)
+
+
+def rfc3339(when: datetime) -> str:
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _check_deps(value: Any) -> str:
+    try:
+        return parse_deps(value)
+    except ValueError:
+        raise _Invalid(f"{_FIELD_HELP['deps']}, got {_show(value)}") from None
+
+
+DepsSetting = Annotated[str, BeforeValidator(_check_deps)]
 TorchVersion = Annotated[str, BeforeValidator(_version_item), AfterValidator(_check_version)]
 ArchItem = Annotated[Arch, BeforeValidator(_arch_item)]
 DebPackage = Annotated[str, AfterValidator(_check_deb)]
@@ -586,6 +635,7 @@ class Scenario(BaseModel):
     cpu_variant: Slug | None = None
     system_packages: Annotated[tuple[DebPackage, ...], BeforeValidator(_none_to_list)] = ()
     pip: Annotated[tuple[PipRequirement, ...], BeforeValidator(_none_to_list)] = ()
+    deps: DepsSetting = "latest"   # how everything but torch resolves (lab.build.era)
     env: Annotated[dict[VarName, Text], BeforeValidator(_none_to_dict)] = Field(default_factory=dict)
     vars: Annotated[dict[VarName, Text], BeforeValidator(_none_to_dict)] = Field(default_factory=dict)
     script: Path

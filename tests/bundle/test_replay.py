@@ -246,6 +246,10 @@ SCENARIO_ATTACKS = {
     "resolved backend": (lambda d: d["resolved"].update(backend="evil"), "resolved.backend"),
     "no resolved block": (lambda d: d.pop("resolved"), "resolved"),
     "network": (lambda d: d.update(network=True), "network"),
+    "resolved pin with a line": (lambda d: d["resolved"].update(pins=["numpy==1.26.4\nRUN echo PWNED"]),
+                                 "resolved.pins"),
+    "resolved pin an option": (lambda d: d["resolved"].update(pins=["--index-url=http://evil/simple"]),
+                               "resolved.pins"),
     "reserved env": (lambda d: d["env"].update(LD_PRELOAD_X="1", LAB_BACKEND="x"), "env"),
 }
 
@@ -303,3 +307,17 @@ def test_an_unknown_coding_cookie_is_noted(bundle: Path, tmp_path: Path) -> None
     discard_replay(plan)
     assert any(note.startswith("Python will refuse it") for note in plan.script.notes)
     assert "\x1b" not in "".join(plan.script.notes + plan.script.lines)
+
+
+def test_the_pins_a_run_recorded_are_installed_exactly(tmp_path: Path) -> None:
+    """A run under `deps: era` records its pins in scenario.yaml's resolved block; the replay pins them."""
+    run = make_run(tmp_path / "made")
+    data = yaml.safe_load((run / "scenario.yaml").read_text())
+    data["deps"] = "era"
+    data["resolved"]["pins"] = ["numpy==1.26.4", "typing-extensions==4.10.0"]
+    (run / "scenario.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    plan = prepare(write_bundle(run, tmp_path / "era.tar.gz", env={}).path, tmp_path)
+    discard_replay(plan)
+    assert plan.case.deps == "era" and plan.case.pins == ("numpy==1.26.4", "typing-extensions==4.10.0")
+    assert plan.requirements == ("torch==2.13.0+cpu", "numpy", "numpy==1.26.4", "typing-extensions==4.10.0")
+

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
 NOWHERE = "unix:///run/lab-test-nothing-here.sock"
 BISECT = ["bisect", "vmap-inside-compile", "--from", "2.3.1", "--to", "2.4.1", "--arch", "arm64", "--json",
-          "--keep-images"]
+          "--keep-images", "--no-blame"]  # the blame step has its own e2e test (test_e2e_blame)
 
 
 def lab(engines, *args, timeout=3000):

@@ -140,3 +140,27 @@ def test_the_comment_names_no_path_of_the_users(tmp_path):
     comment = (tmp_path / "t" / "comment.md").read_text()
     assert str(tmp_path) not in comment and "lab triage issue-147282.html" in comment
     assert "s/20260101T000000Z-torch2.5.1-amd64" in comment
+
+
+def test_the_blame_of_the_bisection_is_in_the_answer_and_survives_a_resume(tmp_path):
+    def run(yaml, torch, arch):
+        return RunStep(torch, arch, "reproduced" if torch == "2.5.1" else "not_reproduced", run_dir=f"/r/{torch}")
+
+    blame = [{"package": "numpy", "old": "1.26.4", "new": "2.4.6"}]
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path), run=run,
+                       bisect=lambda *a: BisectStep("found", "2.6.0", "2.7.0", blame=blame,
+                                                    blame_fix="pin numpy<2 on torch <= 2.6.x"),
+                       newest=lambda arch: "2.15.0", compare=compare_seam())
+    line = summary_lines(state)[-1]
+    assert line == "What flips it: numpy 1.26.4 → 2.4.6, not torch (pin numpy<2 on torch <= 2.6.x)."
+    assert f"- {line}" in (tmp_path / "t" / "comment.md").read_text()
+    again = TriageState.load(tmp_path / "t" / "triage.json", "p")
+    assert again.bisect.blame == blame and summary_lines(again)[-1] == line
+
+
+def test_the_written_scenario_resolves_in_the_release_s_era_without_a_numpy_pin(tmp_path):
+    from lab.scenario.schema import load_scenario
+    yaml_path = _make(tmp_path)()[0]
+    scenario = load_scenario(yaml_path)
+    assert scenario.deps == "era"
+    assert "numpy<2" not in scenario.pip
