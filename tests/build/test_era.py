@@ -7,9 +7,8 @@ import base64
 import hashlib
 import io
 import json
-import threading
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -20,6 +19,7 @@ from lab.build.hostpip import HostPip
 from lab.build.resolve import resolve
 from lab.core.errors import ScenarioError
 from tests.conftest import tiny_scenario
+from tests.localhttp import serving, without_proxies
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -85,19 +85,13 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def index():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_port}/simple"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Handler) as url:
+        yield url + "/simple"
 
 
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch, tmp_path):
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "labcache"))
+    without_proxies(monkeypatch, tmp_path)
 
 
 # --- settings ----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from lab.build.releases import (
     sources,
 )
 from lab.core.errors import LabError
+from tests.localhttp import serving, without_proxies
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "index"
 JSON_PAGE = (DATA / "pypi-torch.json").read_bytes()
@@ -77,19 +78,13 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch, tmp_path):
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "labcache"))
+    without_proxies(monkeypatch, tmp_path)
     Handler.hits.clear()
 
 
