@@ -11,6 +11,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing (pytest's output stays clean) and answers with `send`."""
+
+    def log_message(self, *args):
+        pass
+
+    def send(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 @contextlib.contextmanager
 def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """`http://127.0.0.1:PORT` of a threaded server of `handler`, shut down afterwards."""

@@ -8,7 +8,6 @@ import hashlib
 import io
 import json
 import zipfile
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -19,7 +18,7 @@ from lab.build.hostpip import HostPip
 from lab.build.resolve import resolve
 from lab.core.errors import ScenarioError
 from tests.conftest import tiny_scenario
-from tests.localhttp import serving, without_proxies
+from tests.localhttp import QuietHandler, serving, without_proxies
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -49,16 +48,7 @@ INDEX = {
 WHEELS = {fn: data for name, rows in INDEX.items() for v, _, req in rows for fn, data in [wheel(name, v, req)]}
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def send(self, code: int, ctype: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+class Handler(QuietHandler):
 
     def do_HEAD(self):  # uv asks first (for range requests); no Accept-Ranges: it downloads the wheel
         name = self.path.strip("/").split("/")[-1]

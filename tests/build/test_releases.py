@@ -10,7 +10,7 @@ import ssl
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from lab.build.releases import (
     sources,
 )
 from lab.core.errors import LabError
-from tests.localhttp import serving, without_proxies
+from tests.localhttp import QuietHandler, serving, without_proxies
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "index"
 JSON_PAGE = (DATA / "pypi-torch.json").read_bytes()
@@ -37,18 +37,8 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 ARM_311 = ["2.4.1", "2.5.1", "2.10.0", "2.11.0"]  # 2.5.0: no aarch64 wheel; 2.6.0: yanked; rc: pre-release
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     hits: list[tuple[str, str]] = []
-
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-    def send(self, code: int, ctype: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         Handler.hits.append((self.path, self.headers.get("Accept", "")))
