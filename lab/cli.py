@@ -923,6 +923,9 @@ def _show_replay_plan(plan) -> None:
     row("system packages", (", ".join(plan.system_packages) or "none")
         + (f" (and the lab's {', '.join(plan.lab_packages)})" if plan.lab_packages else ""))
     row("pip", ", ".join(plan.requirements))
+    if plan.case.constraints:
+        row("versions", f"exactly the original run's {len(plan.case.constraints)} (its pip freeze): "
+            + ", ".join(plan.case.constraints))
     if plan.allow_source_builds:
         named = "; ".join(f"{r.requirement} ({r.kind})" for r in plan.source_requirements)
         err.print(f"  {'source builds':<16} [bold red]ALLOWED (--allow-source-builds): pip inside the build may "

@@ -61,6 +61,11 @@ def _round_trip(scenario: str, runs: Path, tmp_path: Path) -> tuple[dict, dict, 
     assert f"torch=={original['torch']}" in summary and "     1 | " in summary
     assert "this lab's re-render of the scenario, identical to the bundled one" in summary
     assert result["replay"]["dockerfile_built"] == "rendered"
+    # exactly the versions the original run had, whatever today's index serves (deps: latest)
+    assert original["deps"]["packages"] and result["deps"]["packages"] == original["deps"]["packages"]
+    record = json.loads((Path(result["run_dir"]) / "replay.json").read_text())
+    assert record["packages_differ"] == [] and len(record["constrained_to"]) == len(original["deps"]["packages"])
+    assert "\n  versions " in summary and "exactly the original run's" in summary
     return original, result, replayed.stderr
 
 

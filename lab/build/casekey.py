@@ -15,6 +15,7 @@ nothing, while every value that changes what is built, what runs or how it is ju
 - `deps`: pip requirements, system packages, how they are installed (the cross_install setting),
   the dependency era (`deps`: latest, era or a date, lab.build.era) and the pins the lab chose
   itself (a blame probe's); an era's resolved pins follow from the setting and are not a part;
+  the versions a replay constrains to (its original run's freeze) are one when there are any;
 - `lab`: RULES_VERSION, the Dockerfile template(s) the case renders with (the shipped ones or
   `templates_dir`'s) and the in-image runner (lab_run.py).
 
@@ -102,7 +103,8 @@ def _values(case: Case) -> dict[str, object]:
         "deps": {"pip": list(s.pip), "system_packages": sorted(s.system_packages),
                  "cross_install": _cross_install(),
                  **({"era": case.deps} if case.deps != "latest" else {}),
-                 **({"pins": sorted(case.pins)} if case.pins else {})},
+                 **({"pins": sorted(case.pins)} if case.pins else {}),
+                 **({"constraints": sorted(case.constraints)} if case.constraints else {})},
         "lab": {"rules": RULES_VERSION, "templates": _templates(case), "runner": _runner()},
     }
 

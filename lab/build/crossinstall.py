@@ -147,6 +147,7 @@ class InstallJob:
     host: HostPip
     compile_bytecode: bool
     uv_cache: Path
+    constraints: tuple[str, ...] = ()   # `uv --constraint` (a replay's recorded versions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +196,8 @@ def site_key(job: InstallJob) -> str:
     """sha256 of everything that decides the tree's content."""
     data = {"version": CROSS_INSTALL_VERSION, "requirements": list(job.requirements),
             "platform": job.target.uv_platform, "python": job.target.python,
-            "index": job.host.index_settings(), "bytecode": job.compile_bytecode}
+            "index": job.host.index_settings(), "bytecode": job.compile_bytecode,
+            **({"constraints": sorted(job.constraints)} if job.constraints else {})}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -213,7 +215,7 @@ def prepare_site(case: Case, host: HostPip, events: Events = no_events,
     else:
         job = InstallJob(case.requirements, target, host,
                          compile_bytecode=f"{sys.version_info[0]}.{sys.version_info[1]}" == target.python,
-                         uv_cache=cache_dir("uv"))
+                         uv_cache=cache_dir("uv"), constraints=case.constraints)
         try:
             site = ensure_site(job, installer or install_with_uv, events)
         except (CrossInstallError, OSError) as exc:
@@ -580,8 +582,13 @@ def install_with_uv(job: InstallJob, prefix: Path) -> Installed:
         lock = Path(work) / "pylock.toml"
         excludes = Path(work) / "excludes.txt"
         excludes.write_text("\n".join(SEEDED_BY_VENV) + "\n")
+        resolving = [*common, "--excludes", str(excludes)]
+        if job.constraints:  # resolving only: the lock then names exactly those versions
+            constraints = Path(work) / "constraints.txt"
+            constraints.write_text("".join(f"{c}\n" for c in job.constraints))
+            resolving += ["--constraint", str(constraints)]
         seeded, asked = _split_seeded(job.requirements)
-        wanted, pending = (_resolvable(uv, [*common, "--excludes", str(excludes)], asked, lock, env, Path(work))
+        wanted, pending = (_resolvable(uv, resolving, asked, lock, env, Path(work))
                            if asked else ((), ()))
         pending = seeded + pending
         if not wanted:

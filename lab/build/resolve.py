@@ -81,6 +81,10 @@ class Case:
     # The era's resolved pins (lab.build.era.apply, on the host before the build): derived from
     # `deps`, so not part of the content key; part of the requirements and so of the site key.
     resolved: tuple[str, ...] = field(default=(), compare=False)
+    # `name==version` constraints on what the requirements pull in (a replay: every version the
+    # original run had, from its freeze). Not requirements: the Dockerfile does not change, uv on the
+    # host resolves the same requirements to exactly these versions. Part of the key and the site key.
+    constraints: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -124,7 +128,8 @@ class Case:
 
 def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = None,
             backend: str | None = None, sets: dict[str, str] | None = None,
-            mode: str | None = None, deps: str | None = None, pins: tuple[str, ...] = ()) -> Case:
+            mode: str | None = None, deps: str | None = None, pins: tuple[str, ...] = (),
+            constraints: tuple[str, ...] = ()) -> Case:
     """Choose the case to run. A scenario that pins several versions or arches needs a choice.
 
     Every value given here is checked as strictly as the scenario file's: `torch` must be a PEP 440
@@ -136,7 +141,8 @@ def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = Non
         scenario = scenario.with_vars(sets)
     setting = scenario.deps if deps is None else check_deps(deps)
     return Case(scenario=scenario, torch=version, arch=Arch(chosen_arch), backend=backend,
-                vars=tuple(sorted(scenario.vars.items())), mode=mode, deps=setting, pins=tuple(pins))
+                vars=tuple(sorted(scenario.vars.items())), mode=mode, deps=setting, pins=tuple(pins),
+                constraints=tuple(constraints))
 
 
 def check_deps(value: str, option: str = "--deps") -> str:

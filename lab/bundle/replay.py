@@ -53,8 +53,11 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
+from lab.build.era import SKIPPED, pins_to_versions
 from lab.build.hostpip import HostPip
 from lab.build.render import BASE_PACKAGES, ContextFile, Sealed, context_digest, plan_build, render_dockerfile
 from lab.build.resolve import BACKENDS, MODES, Case, resolve
@@ -272,7 +275,7 @@ def prepare_replay(bundle: Path, runs_root: Path, host_arch: Arch, *, allow_netw
         src = unpacked.folder
         original = _original_result(unpacked, bundle)
         display = f"scenario.yaml in {bundle}"
-        case, lines = _case_from(unpacked, display)
+        case, lines = _case_from(unpacked, display, _recorded_pins(original, bundle))
         if case.scenario.network and not allow_network:
             raise ScenarioError(
                 "the bundled scenario asks for network access while its script runs (network: true); the "
@@ -337,9 +340,40 @@ def _original_result(unpacked: Unpacked, bundle: Path) -> RunResult:
     return data
 
 
-def _case_from(unpacked: Unpacked, display: str) -> tuple[Case, Mapping[tuple, int]]:
+def _recorded_pins(original: RunResult, bundle: Path) -> dict[str, str]:
+    """Every package version the original run had (result.json's `deps.packages`, from its pip
+    freeze; torch and the venv's own tools left out), checked as pins: a replay installs exactly
+    these, whatever `deps` the run used, so a `latest` run is not replayed against today's index."""
+    deps = original.deps
+    if deps is None:
+        return {}
+    out: dict[str, str] = {}
+    for name, version in deps.packages.items():
+        pin = f"{name}=={version}"
+        if not _PIN_RE.fullmatch(pin):
+            raise ScenarioError(f"must map a package name to its version (numpy: 1.26.4), got {pin[:60]!r}.",
+                                file=f"{bundle}: {RESULT_NAME}", field=f"deps.packages.{str(name)[:40]}")
+        key = canonicalize_name(name)
+        if key not in SKIPPED:
+            out[key] = pin
+    return out
+
+
+def _requirement_name(requirement: str) -> str | None:
+    try:
+        return Requirement(requirement).name
+    except InvalidRequirement:
+        return None    # a bare URL or path: pip learns its name only from what it fetches
+
+
+def _case_from(unpacked: Unpacked, display: str,
+               recorded: Mapping[str, str] | None = None) -> tuple[Case, Mapping[tuple, int]]:
     """The bundled scenario, validated like any scenario file (errors name `display`, the line and
-    the field), at its resolved torch/arch/backend, with its script in the bundle's repro/."""
+    the field), at its resolved torch/arch/backend, with its script in the bundle's repro/; pinned to
+    the `resolved.pins` the run chose, and constrained to every other version it `recorded` (its
+    freeze), but for a package the scenario installs from a direct reference. Constraints, not
+    requirements: the re-rendered Dockerfile stays the bundled one, and uv on this host resolves the
+    same requirements to exactly the run's versions (a replay is wheels-only, so nothing else installs)."""
     src = unpacked.folder
     path = src / "scenario.yaml"
     if unpacked.entry("scenario.yaml") is None:
@@ -359,8 +393,12 @@ def _case_from(unpacked: Unpacked, display: str) -> tuple[Case, Mapping[tuple, i
         raise ScenarioError("a backend or mode is resolved, but the script hard-codes its backend "
                             "(ablation.via: none).", file=display, line=lines.get(("resolved",)),
                             field="resolved.backend")
+    chosen = pins_to_versions(resolved.pins)
+    direct = {canonicalize_name(name) for r in direct_references(scenario.pip)
+              if (name := _requirement_name(r.requirement))}
+    constraints = tuple(pin for key, pin in sorted((recorded or {}).items()) if key not in chosen and key not in direct)
     case = resolve(scenario, torch=resolved.torch, arch=resolved.arch, backend=resolved.backend,
-                   mode=resolved.mode, pins=tuple(resolved.pins))
+                   mode=resolved.mode, pins=tuple(resolved.pins), constraints=constraints)
     return case, lines
 
 
@@ -512,6 +550,17 @@ def diff_text(plan: ReplayPlan) -> str:
     return "\n".join(plan.diff) + (f"\n[... {plan.diff_cut} more lines]" if plan.diff_cut else "")
 
 
+def package_differences(original: RunResult, result: RunResult) -> list[str]:
+    """`name: old → new` for each package whose version differs between the original run and its
+    replay (both from their pip freeze); empty when they had the same, or when either recorded none."""
+    old = original.deps.packages if original.deps else {}
+    new = result.deps.packages if result.deps else {}
+    if not old or not new:
+        return []
+    return [f"{name}: {old.get(name, 'absent')} → {new.get(name, 'absent')}"
+            for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+
+
 def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResult,
            comparison: Comparison) -> None:
     bundle = plan.bundle
@@ -523,7 +572,9 @@ def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResu
             "dockerfile_built": plan.built.value,
             "source_builds_allowed": plan.allow_source_builds,
             "dockerfile_same_as_this_lab": plan.dockerfile_same,
-            "dockerfile_diff": diff_text(plan) if plan.diff else None}
+            "dockerfile_diff": diff_text(plan) if plan.diff else None,
+            "constrained_to": list(plan.case.constraints),
+            "packages_differ": package_differences(original, result)}
     (run_dir / "replay.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = ["", "## Replay", "", f"Replayed from `{bundle.name}` (original verdict "
              f"`{original.verdict.value}`, run {original.started}): **"
@@ -531,6 +582,11 @@ def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResu
     if not comparison.same:
         lines += [f"- {line}" for line in comparison.lines] + [""]
     lines += [_built_words(plan), ""]
+    if plan.case.constraints:
+        moved = package_differences(original, result)
+        lines += [f"The replay was constrained to the {len(plan.case.constraints)} package versions the original run "
+                  "had (its pip freeze): " + ("it installed exactly those." if not moved else
+                                              "yet these differ: " + "; ".join(moved) + "."), ""]
     if plan.allow_source_builds:
         lines += ["Source builds were allowed (`--allow-source-builds`): pip inside the build could install what "
                   "was not a wheel resolved on this host, with the engine's default network.", ""]

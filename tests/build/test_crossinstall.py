@@ -1,3 +1,4 @@
+import dataclasses
 import hashlib
 import io
 import json
@@ -105,6 +106,22 @@ def test_site_key_covers_requirements_platform_and_indexes():
     assert base != site_key(job(arch="amd64"))
     assert base != site_key(job(host=HostPip(find_links=("/opt/wheels",))))
     assert base == site_key(job(host=HostPip(ca_bundle=Path("/etc/ssl/ca.pem"))))  # the CA decides nothing
+    constrained = dataclasses.replace(job(), constraints=("numpy==1.26.4",))  # a replay's recorded versions
+    assert base != site_key(constrained) != site_key(dataclasses.replace(job(), constraints=("numpy==2.0.0",)))
+
+
+def test_real_uv_installs_exactly_the_constrained_versions(cache: Path, tmp_path: Path):
+    """A replay constrains the same requirements to the versions its original run had: uv (real,
+    PyPI) installs those, not today's."""
+    scenario = tiny_scenario(tmp_path, "name: tiny\ntorch: '2.5.1'\narch: amd64\nbase: debian:bookworm\n"
+                                       "expect: {exit_code: 0}\n")
+    target = target_for(resolve(scenario))
+    j = InstallJob(("six",), target, discover(), compile_bytecode=False, uv_cache=cache / "uv",
+                   constraints=("six==1.15.0",))
+    site = ensure_site(j, crossinstall.install_with_uv)
+    assert {(p.name, p.version) for p in site.packages} == {("six", "1.15.0")}
+    free = ensure_site(dataclasses.replace(j, constraints=()), crossinstall.install_with_uv)
+    assert [p.version for p in free.packages] != ["1.15.0"]  # today's six is newer
 
 
 @pytest.mark.parametrize("script, expected", [

@@ -321,3 +321,47 @@ def test_the_pins_a_run_recorded_are_installed_exactly(tmp_path: Path) -> None:
     assert plan.case.deps == "era" and plan.case.pins == ("numpy==1.26.4", "typing-extensions==4.10.0")
     assert plan.requirements == ("torch==2.13.0+cpu", "numpy", "numpy==1.26.4", "typing-extensions==4.10.0")
 
+
+
+def _with_freeze(run: Path, packages: dict[str, str]) -> None:
+    """The run's result.json as `lab run` writes it under `deps: latest`: every version it had."""
+    data = json.loads((run / "result.json").read_text())
+    data["deps"] = {"setting": "latest", "packages": packages}
+    (run / "result.json").write_text(json.dumps(data, indent=2))
+
+
+def test_a_latest_run_is_replayed_with_exactly_the_versions_it_had(tmp_path: Path) -> None:
+    """`deps: latest` resolves against today's index; a replay does not: it constrains the same
+    requirements to every version the original run's freeze names, and its Dockerfile stays the bundled one."""
+    run = make_run(tmp_path / "made")
+    _with_freeze(run, {"numpy": "2.2.2", "typing-extensions": "4.12.2"})
+    plan = prepare(write_bundle(run, tmp_path / "latest.tar.gz", env={}).path, tmp_path)
+    discard_replay(plan)
+    assert plan.case.deps == "latest" and plan.case.pins == ()
+    assert plan.case.constraints == ("numpy==2.2.2", "typing-extensions==4.12.2")
+    assert plan.requirements == ("torch==2.13.0+cpu", "numpy")  # what the scenario asks, as bundled
+    assert plan.dockerfile_same
+
+
+def test_a_pin_the_run_chose_wins_over_its_freeze_and_a_direct_reference_is_not_constrained(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "made")
+    data = yaml.safe_load((run / "scenario.yaml").read_text())
+    data["pip"] = ["numpy", "tiny @ https://example.org/tiny-1.0-py3-none-any.whl"]
+    data["resolved"]["pins"] = ["numpy==1.26.4"]
+    (run / "scenario.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    _with_freeze(run, {"numpy": "2.2.2", "tiny": "1.0", "six": "1.16.0"})
+    plan = prepare(write_bundle(run, tmp_path / "b.tar.gz", env={}).path, tmp_path, allow_source_builds=True)
+    discard_replay(plan)
+    assert plan.case.pins == ("numpy==1.26.4",) and plan.case.constraints == ("six==1.16.0",)
+
+
+@pytest.mark.parametrize("packages", [{"numpy": "1.0\nRUN echo PWNED"}, {"numpy": "--index-url=http://evil"},
+                                      {"x y": "1.0"}])
+def test_a_tampered_freeze_is_refused_naming_result_json(tmp_path: Path, packages: dict[str, str]) -> None:
+    run = make_run(tmp_path / "made")
+    _with_freeze(run, packages)
+    bundle = write_bundle(run, tmp_path / "t.tar.gz", env={}).path
+    with pytest.raises(ScenarioError) as caught:
+        prepare(bundle, tmp_path)
+    assert "result.json" in caught.value.file and caught.value.field.startswith("deps.packages.")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
