@@ -10,9 +10,10 @@ setup:
 demo:
     {{venv}}/lab run libgomp-aarch64
 
-# Every test, the real Docker end-to-end runs included
+# Every test, the real Docker end-to-end runs included (the fast half runs beside the real
+# runs; with arguments, one pytest with exactly them)
 test *ARGS:
-    {{venv}}/pytest {{ARGS}}
+    bin/test {{ARGS}}
 
 # Only the fast tests (no Docker, no real run of the local engine)
 test-fast *ARGS:
