@@ -23,6 +23,10 @@ test-fast *ARGS:
 test-local *ARGS:
     {{venv}}/pytest -m local {{ARGS}}
 
+# The documentation site, rebuilt on every save (http://127.0.0.1:8000); tests/test_docs.py builds it --strict
+docs:
+    {{venv}}/mkdocs serve
+
 lint:
     {{venv}}/ruff check lab tests bench
 

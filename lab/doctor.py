@@ -19,7 +19,8 @@ MIN_FREE_GIB = 20
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 
 # aarch64 torch >= 2.13 segfaults at `import torch` under QEMU 7.2 (Debian bookworm's) and then
-# hangs; QEMU 10 imports it (see README, "QEMU"). bookworm's QEMU 10 is in bookworm-backports.
+# hangs; QEMU 10 imports it (see docs/how-it-works.md, "QEMU 10 for arm64"). bookworm's QEMU 10 is in
+# bookworm-backports.
 QEMU_MIN = 10
 REREGISTER = "update-binfmts --disable qemu-aarch64 && update-binfmts --enable qemu-aarch64"
 QEMU_FIX = ("aarch64 torch >= 2.13 segfaults at import under QEMU < 10: run bin/setup-host, or "

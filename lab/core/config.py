@@ -310,7 +310,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         m = re.search(r"\(at line (\d+), column \d+\)", str(exc))
         message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
         raise ConfigError(f"not valid TOML: {message}.", file=str(path), line=int(m.group(1)) if m else None,
-                          hint="See the README's Configuration section for the format.") from None
+                          hint="See docs/configuration.md for the format.") from None
     found: dict[str, Any] = {}
     for name, value in _flatten(data, path, text):
         key = _BY_NAME[name]
