@@ -227,7 +227,7 @@ def _scenario_dirs() -> list[Path]:
 
 
 def _load(ref: str, deps: str | None = None):
-    from lab.scenario.schema import load_scenario
+    from lab.scenario.lookup import load_scenario
     return with_deps(load_scenario(ref, _scenario_dirs()), deps)
 
 
@@ -344,7 +344,7 @@ def _clip(message: str, limit: int) -> str:
 def list_cmd(as_json: JsonOpt = False) -> None:
     """List the scenarios: the project's (scenarios/ found upward, or scenarios_dir), then the shipped ones."""
     def body() -> None:
-        from lab.scenario.schema import list_scenarios
+        from lab.scenario.lookup import list_scenarios
         rows, seen = [], set()
         for folder in _settings().scenario_dirs():
             for item in list_scenarios(folder.path):
@@ -635,7 +635,7 @@ def bisect_cmd(
         from lab.build.hostpip import discover
         from lab.compare.diff import boundary_lines, counting
         from lab.drivers.bisect_run import run_bisect
-        from lab.scenario.schema import check_version
+        from lab.scenario.model import check_version
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         counted = counting(failed_differently)
         loaded = _load(scenario, deps)
@@ -1102,9 +1102,10 @@ def build_base(
         from lab.build.base import ensure_base
         from lab.build.render import BASE_PACKAGES
         from lab.build.resolve import parse_arch
+        from lab.core.arch import Arch
         from lab.core.errors import ScenarioError
         from lab.engine.docker_engine import Engine
-        from lab.scenario.schema import Arch, is_debian_package
+        from lab.scenario.model import is_debian_package
         default = _settings().default_arch
         chosen = Arch(parse_arch(arch) or (default.value if default else "amd64"))
         wanted = tuple(p.strip() for p in (packages or "").split(",") if p.strip())

@@ -102,7 +102,7 @@ def new_cmd(
             if not name:
                 raise typer.BadParameter("give a NAME, or --from-issue SOURCE")
             from lab.issue.write import write_skeleton
-            from lab.scenario.schema import check_version
+            from lab.scenario.model import check_version
             yaml_path, script = write_skeleton(name, folder, check_version(torch), force)
             err.print(f"wrote {escape(str(yaml_path))}\n      {escape(str(script))}\n"
                       f"edit both, then: [bold]lab run {escape(str(yaml_path))}[/]")
@@ -135,7 +135,7 @@ def triage_cmd(
         from lab.drivers.bisect_run import run_bisect
         from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run_triage, summary_lines
         from lab.pipeline import run_case
-        from lab.scenario.schema import load_scenario
+        from lab.scenario.lookup import load_scenario
 
         runs_root = _runs_root(out_dir)
         folder = output or Path("scenarios")

@@ -43,7 +43,7 @@ from lab.drivers.bisect import BisectResult, Probe, bisect
 from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
 from lab.engine.docker_engine import Engine
 from lab.engine.routing import Fleet, NoEngineError
-from lab.scenario.schema import Scenario
+from lab.scenario.model import Scenario
 
 if TYPE_CHECKING:
     from lab.pipeline import RunCase

@@ -21,7 +21,7 @@ from lab.build.resolve import resolve
 from lab.build.wheelsonly import SourceBuildError, direct_references, reference_kind
 from lab.bundle.replay import discard_replay, limit_lines
 from lab.core.records import BaseImage
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.build.test_buildsecret import CREDENTIALED, TOKEN, FakeEngine
 from tests.bundle.test_replay import bundle as bundle  # noqa: F401  (the fixture)
 from tests.bundle.test_replay import edit_scenario, prepare, tamper

@@ -17,7 +17,7 @@ from lab.core.results import read_result
 from lab.drivers import bisect_run
 from lab.drivers.matrix import expand, matrix_result, run_matrix
 from lab.report import run_folder as report
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from lab.schemas import json_schema, names
 from tests.conftest import SCENARIOS, fake_result, run_lab, tiny_scenario
 from tests.core.test_results import REAL_RUN, rerun_analysis
