@@ -1,5 +1,8 @@
-"""The `lab` typer app: every command module's commands registered in the order `lab --help` lists
-them, each with -v/-q/--debug added to its own options (they may also come before the command name).
+"""The `lab` typer app. Each command lives in a command module; the app knows each command's name
+and where it is (COMMANDS, in the order `lab --help` lists them) and imports a command's module
+only when that command is asked for (its help included), so `lab --version` or `lab show` does not
+load the Docker SDK, the pipeline and every driver. Every command gets -v/-q/--debug, which may
+also come before the command name.
 
 Messages go through `logging` with rich's handler on stderr, so stdout holds only results and, with
 --json, ends with one JSON object. Exit codes are in lab.core.exitcodes.
@@ -7,43 +10,75 @@ Messages go through `logging` with rich's handler on stderr, so stdout holds onl
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
+import importlib
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from lab import __version__
-from lab.cli import bisect, build, bundle, cache, compare, doctor, engines, history, issue, replay, run, scenarios
-from lab.cli import settings as settings_cmds
 from lab.cli.guard import fail
-from lab.cli.options import DebugOpt, QuietOpt, VerboseOpt
+from lab.cli.options import DebugOpt, QuietOpt, VerboseOpt, with_output_flags
 from lab.cli.output import out, set_output
 from lab.core import exitcodes as codes
 from lab.core.errors import EngineError
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+# name -> (module in lab/cli/, its function; `app` for a group of commands)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("scenarios", "list_cmd"),
+    "show": ("scenarios", "show"),
+    "render": ("scenarios", "render"),
+    "build": ("build", "build"),
+    "run": ("run", "run"),
+    "bisect": ("bisect", "bisect"),
+    "compare": ("compare", "compare"),
+    "comment": ("compare", "comment"),
+    "localize": ("compare", "localize_cmd"),
+    "engines": ("engines", "engines"),
+    "bundle": ("bundle", "bundle"),
+    "replay": ("replay", "replay"),
+    "runs": ("history", "runs"),
+    "report": ("history", "report"),
+    "build-base": ("build", "build_base"),
+    "doctor": ("doctor", "doctor"),
+    "clean": ("doctor", "clean"),
+    "schema": ("settings", "schema"),
+    "config": ("settings", "config"),
+    "new": ("issue", "new"),
+    "triage": ("issue", "triage"),
+    "cache": ("cache", "app"),
+}
+
+
+def load_command(name: str) -> TyperCommand | TyperGroup:
+    """The click command for `name`, its module imported now (importlib, not an import statement: the
+    point is to import it only when it is used)."""
+    module, attr = COMMANDS[name]
+    target = getattr(importlib.import_module(f"lab.cli.{module}"), attr)
+    if isinstance(target, typer.Typer):  # a group of commands (lab cache ...)
+        command = typer.main.get_command(target)
+    else:
+        single = typer.Typer(add_completion=False)
+        single.command(name)(with_output_flags(target))
+        command = typer.main.get_command(single)
+    command.name = name
+    return command  # type: ignore[return-value]
+
+
+class _Commands(TyperGroup):
+    """typer's group, with each command made from its module on first use."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return [*COMMANDS, *(n for n in super().list_commands(ctx) if n not in COMMANDS)]
+
+    def get_command(self, ctx: typer.Context, cmd_name: str):
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            self.commands[cmd_name] = load_command(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+app = typer.Typer(cls=_Commands, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="A containerized reproduction lab for PyTorch bugs.")
-cache_app = typer.Typer(no_args_is_help=True, help="The lab's cache: what it holds, its cap, and pruning it.")
-
-_COMMON = [inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=0, annotation=VerboseOpt),
-           inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=QuietOpt),
-           inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=DebugOpt)]
-
-
-def with_output_flags(fn: Callable) -> Callable:
-    """`fn` with -v/-q/--debug added to its parameters; they configure the output, then `fn` runs."""
-    signature = inspect.signature(fn, eval_str=True)
-
-    @functools.wraps(fn)
-    def wrapper(*a, verbose: int = 0, quiet: bool = False, debug: bool = False, **kw):
-        set_output(verbose, quiet, debug)
-        return fn(*a, **kw)
-
-    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*signature.parameters.values(), *_COMMON])
-    return wrapper
 
 
 def _show_version(value: bool) -> None:
@@ -60,38 +95,6 @@ def _main(
 ) -> None:
     """A containerized reproduction lab for PyTorch bugs."""
     set_output(verbose, quiet, debug)
-
-
-COMMANDS: list[tuple[str, Callable]] = [
-    ("list", scenarios.list_cmd),
-    ("show", scenarios.show),
-    ("render", scenarios.render),
-    ("build", build.build),
-    ("run", run.run),
-    ("bisect", bisect.bisect),
-    ("compare", compare.compare),
-    ("comment", compare.comment),
-    ("localize", compare.localize_cmd),
-    ("engines", engines.engines),
-    ("bundle", bundle.bundle),
-    ("replay", replay.replay),
-    ("runs", history.runs),
-    ("report", history.report),
-    ("build-base", build.build_base),
-    ("doctor", doctor.doctor),
-    ("clean", doctor.clean),
-    ("schema", settings_cmds.schema),
-    ("config", settings_cmds.config),
-    ("new", issue.new),
-    ("triage", issue.triage),
-]
-CACHE_COMMANDS: list[tuple[str, Callable]] = [("info", cache.info), ("prune", cache.prune)]
-
-for _name, _fn in COMMANDS:
-    app.command(_name)(with_output_flags(_fn))
-for _name, _fn in CACHE_COMMANDS:
-    cache_app.command(_name)(with_output_flags(_fn))
-app.add_typer(cache_app, name="cache")
 
 
 def main() -> None:  # pragma: no cover

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from lab.build.hostpip import discover
 from lab.build.resolve import resolve
-from lab.cli import inputs
+from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import ArchOpt, DepsOpt, EngineOpt, JobsOpt, JsonOpt, OutOpt, ScenarioArg, SetOpt, TrustOpt
 from lab.cli.output import COLOURS, Progress, err, print_json
@@ -53,9 +53,9 @@ def bisect(
                                 sets=inputs.parse_sets(sets or []), keep_images=keep_images,
                                 failed_differently=counted, localize=localize, blame=blame)
         runs_root = inputs.runs_root(out_dir)
-        fleet = inputs.fleet(engines, jobs, "venv", trust_script)
+        fleet = routing.fleet(engines, jobs, "venv", trust_script)
         if "local" in fleet.engines and len(fleet.engines) == 1:  # refuse before the first probe
-            inputs.refuse_local(resolve(loaded, torch=old_v, arch=choose_arch(loaded, request.arch),
+            routing.refuse_local(resolve(loaded, torch=old_v, arch=choose_arch(loaded, request.arch),
                                         sets=request.sets), fleet.engine("local"))
         resume: list[str] = []
 

@@ -12,7 +12,7 @@ from lab.build.hostpip import discover
 from lab.build.image import build_image, check_release
 from lab.build.render import BASE_PACKAGES, plan_build
 from lab.build.resolve import parse_arch
-from lab.cli import inputs
+from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import ArchOpt, EngineOpt, ScenarioArg, TorchOpt
 from lab.cli.output import Progress, err, out
@@ -28,7 +28,7 @@ def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None, e
         case = inputs.case(scenario, torch, arch)
         host = discover()
         check_release(case, host)  # before anything is built
-        engine = inputs.engine_for(inputs.fleet(engines, None), case)
+        engine = routing.engine_for(routing.fleet(engines, None), case)
         with Progress() as progress:
             case = era.apply(case, host, progress)[0]  # `deps: era` or a date: pinned as a run pins them
             image = build_image(plan_build(case, host, progress), engine, host, progress)

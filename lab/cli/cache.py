@@ -12,7 +12,7 @@ from lab.cache_policy.inventory import prune as prune_cache
 from lab.cache_policy.inventory import take_inventory
 from lab.cache_policy.policy import PART_TITLES, parse_duration
 from lab.cli.guard import guard
-from lab.cli.options import JsonOpt
+from lab.cli.options import JsonOpt, with_output_flags
 from lab.cli.output import Progress, err, out, print_json
 from lab.core.errors import EngineError
 from lab.engine.docker_engine import Engine
@@ -80,3 +80,9 @@ def prune(
                                   "freed_bytes": pruned.freed, "total_bytes": left,
                                   "cap_bytes": pruned.before.cap, "notes": list(pruned.notes)})
     guard(body)
+
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="The lab's cache: what it holds, its cap, and pruning it.")
+app.command("info")(with_output_flags(info))
+app.command("prune")(with_output_flags(prune))

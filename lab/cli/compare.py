@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from lab.build.hostpip import discover
-from lab.cli import inputs
+from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import ArchOpt, EngineOpt, JsonOpt, OutOpt, ScenarioArg, TorchOpt
 from lab.cli.output import Progress, err, out, print_json
@@ -62,7 +62,7 @@ def localize_cmd(
     def body() -> None:
         case = inputs.case(scenario, torch, arch)
         host = discover()
-        engine = inputs.engine_for(inputs.fleet(engines, None), case)
+        engine = routing.engine_for(routing.fleet(engines, None), case)
         runs_root = inputs.runs_root(out_dir)
         with Progress() as progress:
             result = localize(case, engine, host, runs_root, new_run_dir(runs_root, case, suffix="localize"),

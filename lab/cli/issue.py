@@ -15,7 +15,7 @@ from lab.build.hostpip import discover
 from lab.build.image import check_release
 from lab.build.releases import candidates
 from lab.build.resolve import resolve
-from lab.cli import inputs
+from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import DepsOpt, EngineOpt, JobsOpt, JsonOpt, OutOpt
 from lab.cli.output import COLOURS, Progress, err, out, print_json
@@ -105,7 +105,7 @@ def triage(
         runs_root = inputs.runs_root(out_dir)
         folder = output or Path("scenarios")
         host = discover()
-        fleet = inputs.fleet(engines, jobs)
+        fleet = routing.fleet(engines, jobs)
         key = "".join(c if c.isalnum() else "-" for c in source.rstrip("/").rsplit("/", 2)[-1])[-60:] or "page"
         tri = runs_root / "triage" / key
         state = TriageState.load(tri / "triage.json", source)
@@ -120,7 +120,7 @@ def triage(
         def one(yaml_path: str, torch: str, arch: str) -> RunStep:
             case = resolve(inputs.with_deps(load_scenario(yaml_path), deps), torch=torch, arch=arch)
             check_release(case, host)
-            engine = inputs.engine_for(fleet, case)
+            engine = routing.engine_for(fleet, case)
             with Progress() as progress:
                 outcome = run_case(case, engine, host, runs_root, progress)
             r = outcome.result

@@ -1,12 +1,17 @@
 """The options several commands share, with their help texts (one place, so `lab X --help` says the
-same thing in every command)."""
+same thing in every command), and -v/-q/--debug, which every command takes."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from lab.cli.output import set_output
 
 ScenarioArg = Annotated[str, typer.Argument(help="A name from the project's scenarios/ or the shipped ones, "
                                             "or a path to a YAML file.", show_default=False)]
@@ -41,3 +46,20 @@ QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="No progress on st
                                         "errors only.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Debug messages, and the traceback of an unexpected "
                                         "error.")]
+_COMMON = [inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=0, annotation=VerboseOpt),
+           inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=QuietOpt),
+           inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=DebugOpt)]
+
+
+def with_output_flags(fn: Callable) -> Callable:
+    """`fn` with -v/-q/--debug added to its parameters; they configure the output, then `fn` runs."""
+    signature = inspect.signature(fn, eval_str=True)
+
+    @functools.wraps(fn)
+    def wrapper(*a, verbose: int = 0, quiet: bool = False, debug: bool = False, **kw):
+        set_output(verbose, quiet, debug)
+        return fn(*a, **kw)
+
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), *_COMMON])
+    return wrapper

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from lab.cli import inputs
+from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import (
     DepsOpt,
@@ -76,7 +76,7 @@ def run(
             options=RunOptions(diagnose=diagnose, compile_debug=compile_debug, allow_network=allow_network))
         plan = plan_run(request, inputs.load)
         runs_root = inputs.runs_root(out_dir)
-        fleet = inputs.fleet(engines, jobs, python_env, trust_script)
+        fleet = routing.fleet(engines, jobs, python_env, trust_script)
         if plan.single and repeat == 1:
             if found := _one(request, plan, fleet, runs_root, as_json):
                 verdict.append(found)
@@ -90,8 +90,8 @@ def run(
 def _one(request: RunRequest, plan: RunPlan, fleet, runs_root: Path, as_json: bool) -> str | None:
     """One case (or its ablation); its verdict (none for an ablation)."""
     case = plan.cases[0]
-    engine = inputs.engine_for(fleet, case)
-    inputs.refuse_local(case, engine)
+    engine = routing.engine_for(fleet, case)
+    routing.refuse_local(case, engine)
     on = f" on engine {engine.name}" if len(fleet.engines) > 1 or request.engines else ""
     say(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else "") + on)
     if request.ablate:
@@ -111,7 +111,7 @@ def _matrix(request: RunRequest, plan: RunPlan, fleet, runs_root: Path, as_json:
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "")
               + (f", {workers} at once on {len(fleet.live_engines())} engine(s)" if workers > 1 else "") + ":")
     for c in cases:
-        first = fleet.routes(c.arch.value, c.scenario.gpu, c.name, inputs.gpu_hint(c.scenario))[0]
+        first = fleet.routes(c.arch.value, c.scenario.gpu, c.name, routing.gpu_hint(c.scenario))[0]
         err.print(f"  {escape(c.name)}" + (" (emulated)" if first.emulated else ""))
 
     def run_one(case, i: int):

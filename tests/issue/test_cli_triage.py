@@ -14,6 +14,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "issues"
 
 def test_triage_glue_with_fakes(tmp_path, monkeypatch):
     import lab.cli.issue
+    import lab.cli.routing
     from lab.cli import app
 
     runs = []
@@ -35,8 +36,8 @@ def test_triage_glue_with_fakes(tmp_path, monkeypatch):
     monkeypatch.setattr(lab.cli.issue, "discover", lambda: None)
     monkeypatch.setattr(lab.cli.issue, "candidates", lambda *a, **k: ["2.5.1", "2.15.0"])
     monkeypatch.setattr(lab.cli.issue, "run_bisect", fake_bisect)
-    monkeypatch.setattr(lab.cli.inputs, "fleet", lambda engines, jobs: None)
-    monkeypatch.setattr(lab.cli.inputs, "engine_for", lambda fleet, case: None)
+    monkeypatch.setattr(lab.cli.routing, "fleet", lambda engines, jobs: None)
+    monkeypatch.setattr(lab.cli.routing, "engine_for", lambda fleet, case: None)
     result = CliRunner().invoke(app, ["triage", str(CORPUS / "147282.md"), "--out", str(tmp_path / "runs"),
                                       "-o", str(tmp_path / "sc"), "--json"])
     assert result.exit_code == 0, result.output
