@@ -17,9 +17,8 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from lab import __version__
-from lab.cli.guard import fail
 from lab.cli.options import DebugOpt, QuietOpt, VerboseOpt, with_output_flags
-from lab.cli.output import out, set_output
+from lab.cli.output import fail, out, set_output
 from lab.core import exitcodes as codes
 from lab.core.errors import EngineError
 

@@ -9,27 +9,20 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import typer
-from rich.markup import escape
 
 from lab.build.releases import ReleaseError
 from lab.cache_policy.policy import CacheInputError
 from lab.cli import output
-from lab.cli.output import err
+from lab.cli.output import err, fail
 from lab.core import exitcodes as codes
 from lab.core.errors import ConfigError, LabError, ResultError, ScenarioError
 from lab.core.safetar import BundleError
-from lab.core.scrub import redact_urls
 from lab.drivers.bisect import BisectError
 from lab.history.index import HistoryError
 from lab.issue.fetch import IssueError, IssueFetchError
 
 # Errors about what the user gave (a bundle, a release range), not about the infrastructure.
 _BAD_INPUT = (BundleError, ReleaseError, BisectError, ResultError, HistoryError, CacheInputError)
-
-
-def fail(error: LabError | str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(redact_urls(str(error)))}")  # an index's URL is a secret
-    raise typer.Exit(code)
 
 
 def guard(fn: Callable[[], None], check: bool = False) -> None:

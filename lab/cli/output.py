@@ -8,12 +8,15 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
+import typer
 from rich.console import Console, Group
 from rich.highlighter import NullHighlighter
 from rich.logging import RichHandler
 from rich.markup import escape
 
+from lab.core.errors import LabError
 from lab.core.scrub import redact_urls
 
 # Lines are wrapped at the terminal's width on a terminal only: in a log file or a CI log, a path or
@@ -66,6 +69,12 @@ def set_output(verbose: int = 0, quiet: bool = False, debug: bool = False) -> No
     if OUTPUT.debug or OUTPUT.verbose > 1:  # -vv / --debug: the libraries' debug messages too
         root.handlers[:] = [handler]
         root.setLevel(logging.DEBUG)
+
+
+def fail(error: LabError | str, code: int) -> NoReturn:
+    """One paragraph on stderr, then exit with `code`."""
+    err.print(f"[bold red]error:[/] {escape(redact_urls(str(error)))}")  # an index's URL is a secret
+    raise typer.Exit(code)
 
 
 def say(message: str, level: int = logging.INFO) -> None:
