@@ -21,14 +21,15 @@ from lab.core.errors import ScenarioError
 from lab.scenario.errors import display_path, one_line, scenario_error, sentence, show_value
 from lab.scenario.model import (
     FIELD_HELP,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
     BareNumber,
     InvalidValue,
     Scenario,
     allowed_keys,
     unknown_key,
 )
+
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 20
 
 # --------------------------------------------------------------------------- YAML reading
 # Why PyYAML's composer and not ruamel.yaml: both keep every node's position, and this loader

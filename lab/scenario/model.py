@@ -40,9 +40,6 @@ from lab.scenario.errors import display_path, is_file, scenario_error, show_valu
 
 # The runtime families the loader-log analysis can tell apart (one table, in lab.loader).
 KNOWN_RUNTIME_FAMILIES: frozenset[str] = frozenset(RUNTIME_FAMILIES)
-MAX_FILE_BYTES = 1 << 20
-MAX_DEPTH = 20
-
 RESERVED_ENV_KEYS: frozenset[str] = frozenset({"LD_DEBUG", "LD_DEBUG_OUTPUT"})
 
 _SLUG_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

@@ -5,13 +5,11 @@ code imports from those; these names stay only so that branches written against 
 still merge and run. New code should not import from here."""
 
 from lab.core.arch import Arch
-from lab.scenario.loader import read_yaml, validate_scenario
+from lab.scenario.loader import MAX_DEPTH, MAX_FILE_BYTES, read_yaml, validate_scenario
 from lab.scenario.lookup import SCENARIOS_DIR, default_scenarios_dir, find_by_name, list_scenarios, load_scenario
 from lab.scenario.model import (
     CONTROL_CHARS,
     KNOWN_RUNTIME_FAMILIES,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
     Ablation,
     Expect,
     Limits,
