@@ -91,7 +91,7 @@ def _binfmt(engine) -> Check:
 def _binfmt_through_engine(engine) -> Check:
     """Inside a container binfmt_misc is not visible: ask the engine to run an arm64 image."""
     from lab.build.base import bootstrap_tag
-    from lab.scenario.schema import Arch
+    from lab.core.arch import Arch
     tag = bootstrap_tag("bookworm", Arch.ARM64)
     if engine is not None and not engine.image_id(tag, Arch.ARM64):
         # a base bootstrapped with some case's packages runs aarch64 programs just as well

@@ -150,7 +150,7 @@ def last_json(stdout: str) -> dict:
 def tiny_scenario(folder: Path, body: str):
     """Load a throwaway scenario: `name`, `torch`, `arch`, `base` and `expect` come from `body`,
     with `script: s.py` (an empty script) added."""
-    from lab.scenario.schema import load_scenario
+    from lab.scenario.lookup import load_scenario
     (folder / "s.py").write_text("")
     path = folder / "tiny.yaml"
     path.write_text(body + "script: s.py\n")

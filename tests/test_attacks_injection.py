@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from lab.build.render import dockerfile_fields, render_dockerfile, render_template, template_environment, template_for
 from lab.build.resolve import resolve
 from lab.core.errors import ScenarioError
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, ROOT, SCENARIOS, run_lab, tiny_scenario
 from tests.test_cli import assert_one_paragraph_error
 

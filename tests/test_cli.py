@@ -106,7 +106,7 @@ def test_only_the_cli_prints():
         rel = path.relative_to(ROOT).as_posix()
         hooks = ("lab/build/cacerts.py", "lab/build/nativeunpack.py", "lab/build/nativepython.py",
                  "lab/build/nativeperl.py")
-        if rel in ("lab/cli.py", "lab/cli_issue.py", *hooks) or rel.startswith("lab/probe/"):
+        if rel in hooks or rel.startswith(("lab/cli/", "lab/probe/")):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
@@ -154,20 +154,21 @@ def test_an_unexpected_error_is_one_paragraph_and_a_traceback_only_with_debug(mo
     from typer.testing import CliRunner
 
     from lab import cli
+    from lab.cli import inputs, output
 
     def boom(ref):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "_load", boom)
-    monkeypatch.setattr(cli, "_OUTPUT", cli._Output())
+    monkeypatch.setattr(inputs, "load", boom)
+    monkeypatch.setattr(output, "OUTPUT", output.Output())
     plain = CliRunner().invoke(cli.app, ["show", "x"])
     assert plain.exit_code == 1
     assert "unexpected RuntimeError: boom" in plain.output and "--debug" in plain.output
     assert "Traceback" not in plain.output
-    monkeypatch.setattr(cli, "_OUTPUT", cli._Output())
+    monkeypatch.setattr(output, "OUTPUT", output.Output())
     checked = CliRunner().invoke(cli.app, ["run", "x", "--check"])
     assert checked.exit_code == 128  # git bisect run stops: this would happen on every commit
-    monkeypatch.setattr(cli, "_OUTPUT", cli._Output())
+    monkeypatch.setattr(output, "OUTPUT", output.Output())
     debug = CliRunner().invoke(cli.app, ["show", "x", "--debug"])
     assert debug.exit_code == 1 and "Traceback" in debug.output and "boom" in debug.output
 
@@ -242,7 +243,7 @@ def test_progress_lines_are_cut_visibly_and_the_diagnose_hint_is_whole(caplog):
     diagnose step's "how to get it" (DIAGNOSE_HOW) reaches the user whole."""
     import logging
 
-    from lab.cli import Progress
+    from lab.cli.output import Progress
     from lab.pipeline import DIAGNOSE_HOW
     progress = Progress.__new__(Progress)
     progress._status = None
@@ -265,7 +266,7 @@ def test_without_a_terminal_a_long_path_stays_on_one_line(tmp_path, caplog):
     # a build step's lines (docker prints a RUN's continuation lines as they are) come joined
     import logging
 
-    from lab.cli import Progress
+    from lab.cli.output import Progress
     progress = Progress.__new__(Progress)
     progress._status = None
     with caplog.at_level(logging.INFO):
@@ -279,14 +280,14 @@ def test_a_full_disk_is_one_paragraph_with_what_to_free_not_a_bug_report(capsys)
 
     import typer
 
-    from lab import cli
+    from lab.cli.guard import guard
     from lab.core import exitcodes
 
     def fill():
         raise OSError(errno.ENOSPC, "No space left on device", "/root/.cache/torch-repro-lab/site/x")
 
     with pytest.raises(typer.Exit) as exit_info:
-        cli._guard(fill)
+        guard(fill)
     assert exit_info.value.exit_code == exitcodes.INFRASTRUCTURE
     said = " ".join(capsys.readouterr().err.split())
     assert said.count("error:") == 1 and "bug in the lab" not in said
@@ -297,6 +298,6 @@ def test_a_full_disk_is_one_paragraph_with_what_to_free_not_a_bug_report(capsys)
         raise OSError(errno.EACCES, "Permission denied", "/x")
 
     with pytest.raises(typer.Exit) as exit_info:
-        cli._guard(other)
+        guard(other)
     assert exit_info.value.exit_code == exitcodes.INTERNAL
     assert "This is a bug in the lab" in " ".join(capsys.readouterr().err.split())

@@ -31,7 +31,8 @@ from lab.bundle.archive import inspect_bundle, open_bundle
 from lab.bundle.manifest import parse_manifest, validate_manifest
 from lab.core.errors import ScenarioError
 from lab.core.safetar import BundleError
-from lab.scenario.schema import Scenario, load_scenario
+from lab.scenario.lookup import load_scenario
+from lab.scenario.model import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))

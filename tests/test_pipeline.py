@@ -12,7 +12,7 @@ from lab.analyze.tracebacks import extract_exceptions
 from lab.build.resolve import resolve
 from lab.core.arch import Arch
 from lab.pipeline import compile_exception, diagnose_decision
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 
 DATA = Path(__file__).parent / "data" / "tracebacks"
 SCENARIOS = Path(__file__).parent.parent / "scenarios"

@@ -23,7 +23,7 @@ from lab.analyze.signature import observed as observed_failure
 from lab.analyze.signature import own_code_error, script_line
 from lab.core.records import STOPPED_OUT_FULL
 from lab.core.results import Check, FailureSignatures, Judgement, Verdict
-from lab.scenario.schema import Expect
+from lab.scenario.model import Expect
 
 __all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge", "normalize_ws"]
 

@@ -20,12 +20,12 @@ from filelock import FileLock
 
 from lab.build import cacerts, nativeperl, nativepython, nativeunpack
 from lab.build.resolve import host_arch
+from lab.core.arch import Arch
 from lab.core.cache import cache_dir
 from lab.core.config import current as current_settings
 from lab.core.errors import BaseImageError
 from lab.core.records import BaseImage, Events
 from lab.core.scrub import is_secret_url, redact_url, redact_urls
-from lab.scenario.schema import Arch
 
 BOOTSTRAP_REPO = "torch-repro-lab/debian"
 PUBLIC_DEBIAN_MIRROR = "http://deb.debian.org/debian"  # what a base's sources.list names when the mirror is a secret

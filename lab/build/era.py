@@ -40,7 +40,7 @@ from packaging.utils import canonicalize_name
 
 from lab.build.hostpip import HostPip
 from lab.core.errors import LabError
-from lab.scenario.schema import _DATE_RE, DEPS_HELP, ERA, LATEST, parse_deps, rfc3339  # noqa: F401 (re-exported)
+from lab.scenario.model import _DATE_RE, DEPS_HELP, ERA, LATEST, parse_deps, rfc3339  # noqa: F401 (re-exported)
 
 GRACE = timedelta(days=7)
 FAR_FUTURE = "2999-01-01T00:00:00Z"   # exempts a pinned package from the cut

@@ -39,9 +39,9 @@ from packaging.version import InvalidVersion, Version
 from lab.build.hostpip import HostPip, is_local, to_path
 from lab.build.resolve import wheel_tags
 from lab.core import cache
+from lab.core.arch import Arch
 from lab.core.errors import LabError
 from lab.core.scrub import redact_url
-from lab.scenario.schema import Arch
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 MAX_AGE_S = 24 * 3600

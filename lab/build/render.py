@@ -44,7 +44,7 @@ from lab.core.errors import ScenarioError
 from lab.core.hashing import HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.resources import RUNNER_NAME, runner_source, template_loader
-from lab.scenario.schema import CONTROL_CHARS, is_debian_package
+from lab.scenario.model import CONTROL_CHARS, is_debian_package
 
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
 CA_IN_IMAGE = "/etc/lab/ca.crt"

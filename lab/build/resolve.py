@@ -9,8 +9,9 @@ from functools import cached_property
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 
+from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
-from lab.scenario.schema import Arch, Scenario, check_version
+from lab.scenario.model import Scenario, check_version
 
 BACKENDS = ("eager", "aot_eager", "inductor")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -147,7 +148,7 @@ def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = Non
 
 def check_deps(value: str, option: str = "--deps") -> str:
     """A deps setting from the command line, canonical; a clear error otherwise."""
-    from lab.scenario.schema import parse_deps
+    from lab.scenario.model import parse_deps
     try:
         return parse_deps(value)
     except ValueError as exc:

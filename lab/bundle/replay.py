@@ -65,13 +65,15 @@ from lab.build.wheelsonly import DirectReference, direct_references, refuse_refe
 from lab.bundle.archive import Unpacked, unpack_bundle
 from lab.bundle.compare import Comparison, compare
 from lab.bundle.manifest import Manifest
+from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
 from lab.core.records import Events, RunLimits, no_events
 from lab.core.results import RESULT_NAME, RunResult, parse_result
 from lab.core.scrub import MASK
 from lab.engine.docker_engine import Engine
 from lab.report import run_folder as report
-from lab.scenario.schema import Arch, TorchVersion, read_yaml, validate_scenario
+from lab.scenario.loader import read_yaml, validate_scenario
+from lab.scenario.model import TorchVersion
 
 if TYPE_CHECKING:
     from lab.pipeline import RunCase
@@ -191,7 +193,7 @@ def limit_lines(plan: ReplayPlan) -> tuple[LimitLine, ...]:
     stdout/stderr caps, and network, each compared with this lab's defaults (`Limits()`,
     `Scenario.timeout`), which a bundle may raise (up to `1t` for /out)."""
     from lab.core.records import format_bytes
-    from lab.scenario.schema import Limits, Scenario
+    from lab.scenario.model import Limits, Scenario
     lim, ours = plan.limits, Limits()
     timeout, default_timeout = plan.case.scenario.timeout, Scenario.model_fields["timeout"].default
 

@@ -43,7 +43,7 @@ from lab.drivers.bisect import BisectResult, Probe, bisect
 from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
 from lab.engine.docker_engine import Engine
 from lab.engine.routing import Fleet, NoEngineError
-from lab.scenario.schema import Scenario
+from lab.scenario.model import Scenario
 
 if TYPE_CHECKING:
     from lab.pipeline import RunCase
@@ -110,14 +110,31 @@ def find_candidates(scenario: Scenario, arch: str, old: str, new: str, source: R
     return releases.between(found, old, new, what=releases.describe(python, arch))
 
 
-def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: str | None, engine: Engine | None,
-               host: HostPip, runs_root: Path, events: Events = no_events, *, pre: bool = False,
-               sets: dict[str, str] | None = None, on_probe: Callable[[Probe, bool], None] | None = None,
+@dataclass(frozen=True)
+class BisectRequest:
+    """What to bisect (`lab bisect`'s arguments): the scenario as loaded and as the user named it (for
+    the resume command), the two releases, the arch (None: the scenario's, lab.drivers.bisect_run.
+    choose_arch), `--set` values, and the options below."""
+    scenario: Scenario
+    scenario_ref: str
+    old: str
+    new: str
+    arch: str | None = None
+    pre: bool = False
+    sets: dict[str, str] | None = None
+    keep_images: bool = False
+    failed_differently: str = SKIP
+    localize: bool = True
+    blame: bool = True
+
+
+def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: Events = no_events, *,
+               engine: Engine | None = None, fleet: Fleet | None = None,
+               on_probe: Callable[[Probe, bool], None] | None = None,
                on_start: Callable[[list[str], Path, str], None] | None = None,
-               keep_images: bool = False, run_case: RunCase | None = None,
-               candidates: Releases | None = None, fleet: Fleet | None = None,
-               failed_differently: str = SKIP, localize: bool = True, blame: bool = True) -> BisectRun:
-    """Bisect `scenario` between the torch releases `old` and `new` on `arch`.
+               run_case: RunCase | None = None, candidates: Releases | None = None) -> BisectRun:
+    """Bisect `request.scenario` between the torch releases `request.old` and `request.new` on
+    `request.arch`.
 
     `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
     (default: the host's package index). `on_start(candidates, folder, resume)` is called once the
@@ -141,6 +158,11 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     other's and its own era's dependencies (lab.drivers.blame, runs under `<folder>/blame/`) to name
     the package that flips the verdict, or torch alone."""
     from lab.drivers.bisect_report import write_bisect_report
+    scenario, scenario_ref, old, new, arch = (request.scenario, request.scenario_ref, request.old, request.new,
+                                              request.arch)
+    pre, sets, keep_images, localize, blame = (request.pre, request.sets, request.keep_images, request.localize,
+                                               request.blame)
+    failed_differently = request.failed_differently
     if run_case is None:
         from lab.pipeline import run_case as production
         run_case = production

@@ -25,7 +25,7 @@ from lab.core.results import (
     Verdict,
 )
 from lab.drivers.parallel import run_all
-from lab.scenario.schema import Scenario
+from lab.scenario.model import Scenario
 
 
 def split_list(value: str | None, option: str) -> list[str] | None:

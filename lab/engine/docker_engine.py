@@ -29,6 +29,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
+from lab.core.arch import Arch
 from lab.core.errors import BuildError, EngineError
 from lab.core.hashing import CountingWriter, HashingWriter
 from lab.core.records import (
@@ -45,7 +46,6 @@ from lab.core.records import (
 )
 from lab.core.safetar import extract_outputs
 from lab.engine.streams import StreamFile as _Capture
-from lab.scenario.schema import Arch
 
 LABEL = "org.torch-repro-lab.managed"
 LABELS = {LABEL: "true"}

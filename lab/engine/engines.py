@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from lab.core.arch import Arch
 from lab.core.errors import EngineError
 from lab.engine.docker_engine import Engine, current_context_name, docker_context, env_tls
 from lab.engine.local_engine import LOCAL, LocalEngine, LocalOptions, memory_bytes
-from lab.scenario.schema import Arch
 
 GiB = 1024**3
 # One probe or matrix cell (pip, Inductor's C++ compiler, QEMU) wants about two cores and 4 GiB.

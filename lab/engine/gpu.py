@@ -22,8 +22,8 @@ import threading
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from lab.core.arch import Arch
 from lab.core.errors import EngineError, NoGpuRuntimeError
-from lab.scenario.schema import Arch
 
 TEST_REPO = "torch-repro-lab/gpu-check"  # the lab's test image: `<repo>:<arch>`, one static `true`
 BASE_REPO = "torch-repro-lab/debian"     # bootstrapped Debian bases (lab.build.base.BOOTSTRAP_REPO)

@@ -63,11 +63,11 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.core.arch import Arch
 from lab.core.errors import EngineError, LabError
 from lab.core.records import STOPPED_OUT_FULL, Events, LocalImage, RawRun, RunLimits, format_bytes
 from lab.core.safetar import extract_outputs
 from lab.engine.streams import StreamFile
-from lab.scenario.schema import Arch
 
 LOCAL = "local"
 RUN_UID = 10001

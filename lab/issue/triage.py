@@ -102,7 +102,7 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
         note("from-issue", f"{state.scenario} (from the earlier triage)")
     from lab.build.casekey import content_key
     from lab.build.resolve import resolve
-    from lab.scenario.schema import load_scenario
+    from lab.scenario.lookup import load_scenario
     scenario = load_scenario(state.scenario)
     if deps is not None:
         from lab.build.resolve import check_deps

@@ -13,7 +13,8 @@ import yaml
 
 from lab.core.errors import ScenarioError
 from lab.issue.infer import GPU_BASE, Inference
-from lab.scenario.schema import Scenario, load_scenario
+from lab.scenario.lookup import load_scenario
+from lab.scenario.model import Scenario
 
 __all__ = ["Written", "scenario_name", "write_inference", "write_skeleton"]
 

@@ -431,7 +431,7 @@ def scenario_ref(case: Case) -> str:
     path: report.md goes into bundles for an upstream issue, and the path is the user's (issue 33);
     scenario.yaml's `resolved.source_file` keeps it for the user."""
     from lab.core.config import current
-    from lab.scenario.schema import find_by_name
+    from lab.scenario.lookup import find_by_name
     source = case.scenario.source
     if source is None:
         return case.scenario.name

@@ -1,1 +1,2 @@
-"""Stage 1: the scenario schema and its YAML loader (file/line/field errors)."""
+"""Stage 1: the scenario model (model.py), its YAML loader with file/line/field errors (loader.py) and
+finding a scenario by name (lookup.py)."""

@@ -4,7 +4,7 @@ from lab.analyze.evidence import Evidence
 from lab.analyze.judge import Verdict, build_failed, judge
 from lab.analyze.loader import DuplicateRuntime, LoadedObject
 from lab.analyze.tracebacks import ExceptionInfo
-from lab.scenario.schema import Expect
+from lab.scenario.model import Expect
 
 TWO_GOMP = DuplicateRuntime("libgomp", "GNU OpenMP", 1, (
     LoadedObject("/opt/venv/lib/python3.11/site-packages/torch.libs/libgomp-947d5fa1.so.1.0.0",

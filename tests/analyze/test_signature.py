@@ -12,7 +12,7 @@ from lab.analyze.signature import innermost_torch_frame, observed, own_code_erro
 from lab.analyze.tracebacks import extract_exceptions
 from lab.core.errors import ScenarioError
 from lab.core.results import FailureSignature
-from lab.scenario.schema import Expect
+from lab.scenario.model import Expect
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tracebacks"
 
@@ -124,7 +124,7 @@ def test_a_pinned_signature_is_checked_like_minifier_check_str():
 @pytest.mark.parametrize("bad", [{"frame": "torch/x.py in f"}, {"exception": "E", "signal": "SIGSEGV"},
                                  {"signal": "segfault"}, {"exception": "RuntimeError", "where": "x"}])
 def test_a_signature_gives_an_exception_or_a_signal(bad, tmp_path):
-    from lab.scenario.schema import load_scenario
+    from lab.scenario.lookup import load_scenario
     (tmp_path / "s.py").write_text("print(1)\n")
     (tmp_path / "s.yaml").write_text("name: s\ntorch: '2.5.1'\narch: amd64\nscript: s.py\nexpect:\n  exit_code: 1\n"
                                      f"  signature: {bad}\n".replace("'", '"'))

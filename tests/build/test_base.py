@@ -8,8 +8,8 @@ import pytest
 
 from lab.build import base as base_mod
 from lab.build.base import bootstrap_command, bootstrap_tag, ensure_base
+from lab.core.arch import Arch
 from lab.core.errors import BaseImageError
-from lab.scenario.schema import Arch
 
 PKGS = ("python3-dev", "g++", "python3", "ca-certificates", "python3-venv")
 

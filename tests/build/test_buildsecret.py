@@ -20,7 +20,7 @@ from lab.build.resolve import resolve
 from lab.core.errors import BuildError
 from lab.core.records import BaseImage
 from lab.report.run_folder import write_scenario
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS
 
 TOKEN = "s3cr3t-t0ken-value"

@@ -17,7 +17,7 @@ import pytest
 
 from lab.build import cacerts
 from lab.build.base import bootstrap_command
-from lab.scenario.schema import Arch
+from lab.core.arch import Arch
 
 HOST_TOOL = Path(cacerts.TOOL)
 MOZILLA = Path("/usr/share/ca-certificates/mozilla")

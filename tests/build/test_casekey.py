@@ -11,7 +11,7 @@ import pytest
 from lab.build import render
 from lab.build.casekey import PARTS, content_key
 from lab.build.resolve import resolve
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 
 YAML = """\
 name: keyed

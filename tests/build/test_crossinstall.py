@@ -36,7 +36,7 @@ from lab.build.crossinstall import (
 )
 from lab.build.hostpip import HostPip, discover
 from lab.build.resolve import resolve
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import ROOT, SCENARIOS, tiny_scenario
 
 

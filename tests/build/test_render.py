@@ -15,7 +15,7 @@ from lab.build.render import (
 )
 from lab.build.resolve import resolve
 from lab.report.run_folder import write_scenario
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.build.test_crossinstall import fake_installer
 from tests.conftest import SCENARIOS
 

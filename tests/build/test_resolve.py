@@ -1,8 +1,9 @@
 import pytest
 
 from lab.build.resolve import Case, base_python, resolve
+from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
-from lab.scenario.schema import Arch, load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS, tiny_scenario
 
 

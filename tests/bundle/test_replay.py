@@ -29,10 +29,11 @@ from lab.bundle.replay import (
     prepare_replay,
     visible,
 )
+from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
 from lab.core.safetar import BundleError
 from lab.report.run_folder import resolved_scenario
-from lab.scenario.schema import Arch, load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import fake_result
 
 REAL_RUN = Path(__file__).resolve().parents[1] / "data" / "run-folders" / "20261122T120958Z-torch2.5.1-arm64"

@@ -21,7 +21,7 @@ from lab.build.resolve import resolve
 from lab.build.wheelsonly import SourceBuildError, direct_references, reference_kind
 from lab.bundle.replay import discard_replay, limit_lines
 from lab.core.records import BaseImage
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.build.test_buildsecret import CREDENTIALED, TOKEN, FakeEngine
 from tests.bundle.test_replay import bundle as bundle  # noqa: F401  (the fixture)
 from tests.bundle.test_replay import edit_scenario, prepare, tamper
@@ -272,7 +272,7 @@ def test_without_a_terminal_and_without_yes_replay_refuses_and_builds_nothing(bu
 def test_the_cli_marks_above_default_values_in_bold_red():
     from rich.console import Console
 
-    import lab.cli as cli
+    import lab.cli.replay as cli
     from lab.bundle.replay import LimitLine
     console = Console(record=True, force_terminal=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115
     saved, cli.err = cli.err, console

@@ -19,7 +19,7 @@ from lab.build.resolve import resolve
 from lab.cache_policy import inventory as inv
 from lab.engine.docker_engine import Engine
 from lab.pipeline import run_case
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS
 from tests.cpu_torch import TORCH
 

@@ -9,9 +9,9 @@ import pytest
 
 from lab.build.base import bootstrap_command
 from lab.core import config
+from lab.core.arch import Arch
 from lab.core.errors import ConfigError
 from lab.core.resources import shipped_scenarios_dir
-from lab.scenario.schema import Arch
 from tests.conftest import last_json, run_lab
 
 

@@ -26,7 +26,7 @@ from lab.core.results import (
     read_result,
 )
 from lab.report import run_folder as report
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, SCENARIOS, run_lab
 
 REAL_RUN = DATA / "run-folders" / "20261122T120958Z-torch2.5.1-arm64"  # written by lab 0.1.0: no schema_version

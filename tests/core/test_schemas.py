@@ -17,7 +17,7 @@ from lab.core.results import read_result
 from lab.drivers import bisect_run
 from lab.drivers.matrix import expand, matrix_result, run_matrix
 from lab.report import run_folder as report
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from lab.schemas import json_schema, names
 from tests.conftest import SCENARIOS, fake_result, run_lab, tiny_scenario
 from tests.core.test_results import REAL_RUN, rerun_analysis
@@ -75,7 +75,8 @@ def test_bisect_outputs_validate(tmp_path):
                                        "expect:\n  exit_code: 1\n")
     verdicts = {"2.3.0": "not_reproduced", "2.3.1": "not_reproduced", "2.4.0": "error", "2.4.1": "reproduced",
                 "2.5.0": "reproduced"}
-    run = bisect_run.run_bisect(scenario, "b", VERSIONS[0], VERSIONS[-1], None, engine=FakeEngine(), host=HostPip(),
+    run = bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", VERSIONS[0], VERSIONS[-1]),
+                                engine=FakeEngine(), host=HostPip(),
                                 runs_root=tmp_path / "runs", run_case=FakeRuns(verdicts), candidates=releases)
     validate("bisect", load(run.folder / "bisect.json"))
     validate("bisect", run.result.to_json())  # what `lab bisect --json` prints

@@ -68,7 +68,8 @@ def setup(tmp_path):
 
     def go(verdicts, **options):
         fake = FakeRuns(verdicts)
-        run = bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
+        run = bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0"),
+                                    engine=FakeEngine(), host=HostPip(),
                                     runs_root=tmp_path / "runs", run_case=fake, candidates=releases, **options)
         return run, fake
 
@@ -146,9 +147,9 @@ def test_probe_images_are_removed_unless_kept(tmp_path):
     verdicts = dict.fromkeys(VERSIONS, "reproduced")
     for keep, root in ((False, "removed"), (True, "kept")):
         engine = FakeEngine()
-        bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=engine, host=HostPip(),
-                              runs_root=tmp_path / root, run_case=FakeRuns(verdicts), candidates=releases,
-                              keep_images=keep)
+        bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0", keep_images=keep),
+                              engine=engine, host=HostPip(), runs_root=tmp_path / root, run_case=FakeRuns(verdicts),
+                              candidates=releases)
         assert engine.removed == ([] if keep else ["torch-repro-lab/case:b-2.3.0", "torch-repro-lab/case:b-2.5.0"])
 
 
@@ -170,9 +171,9 @@ def test_a_probe_folder_from_the_unversioned_layout_runs_again(setup):
 def _bisect(tmp_path, scenario, verdicts, **options):
     said: list[str] = []
     fake = FakeRuns(verdicts)
-    run = bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
-                                runs_root=tmp_path / "runs", run_case=fake, candidates=releases,
-                                events=lambda stage, message: said.append(message), **options)
+    run = bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0", **options),
+                                engine=FakeEngine(), host=HostPip(), runs_root=tmp_path / "runs", run_case=fake,
+                                candidates=releases, events=lambda stage, message: said.append(message))
     return run, fake, said
 
 
@@ -259,9 +260,9 @@ def test_failed_differently_boundary_source_and_compare(tmp_path):
                 "2.4.1": "reproduced", "2.5.0": "reproduced"}
 
     def go(**options):
-        return bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
-                                     runs_root=tmp_path / "runs", run_case=FakeRunsWithCommits(verdicts),
-                                     candidates=releases, **options)
+        return bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0", **options),
+                                     engine=FakeEngine(), host=HostPip(), runs_root=tmp_path / "runs",
+                                     run_case=FakeRunsWithCommits(verdicts), candidates=releases)
     run = go()
     r = run.result
     assert (r.status, r.last_old, r.first_new, r.old_end) == ("found", "2.4.0", "2.4.1", "2.3.1")

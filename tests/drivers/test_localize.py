@@ -11,7 +11,7 @@ from lab.drivers.localize import (
     parse_bisector_output,
     run_bisector,
 )
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA
 
 E2E = DATA / "e2e"

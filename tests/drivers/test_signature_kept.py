@@ -41,7 +41,8 @@ def test_later_probes_must_fail_like_the_first(tmp_path):
 
     def go():
         fake = SignedRuns(answers)
-        return bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
+        return bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0"),
+                                     engine=FakeEngine(), host=HostPip(),
                                      runs_root=tmp_path / "runs", run_case=fake, candidates=releases), fake
 
     run, fake = go()
@@ -74,7 +75,8 @@ def test_an_edited_scenario_records_its_signature_again(tmp_path):
 
     def go(scenario):
         fake = SignedRuns(answers)
-        return bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
+        return bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0"),
+                                     engine=FakeEngine(), host=HostPip(),
                                      runs_root=tmp_path / "runs", run_case=fake, candidates=releases,
                                      events=lambda stage, msg: notes.append(msg)), fake
 
@@ -93,7 +95,8 @@ def test_a_scenario_with_a_real_expectation_keeps_no_signature(tmp_path):
     scenario = tiny_scenario(tmp_path, BODY.replace("exit_code: 1", "traceback_contains: Boom"))
     answers = {v: ("reproduced", NAME if v == "2.4.0" else ASSERT) for v in VERSIONS}
     fake = SignedRuns(answers)
-    run = bisect_run.run_bisect(scenario, "b", "2.3.0", "2.5.0", None, engine=FakeEngine(), host=HostPip(),
+    run = bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0"),
+                                engine=FakeEngine(), host=HostPip(),
                                 runs_root=tmp_path / "runs", run_case=fake, candidates=releases)
     assert run.result.signature is None and not (run.folder / "signature.json").exists()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lab.core.arch import Arch
 from lab.core.records import STREAM_TAIL_BYTES, RunLimits
 from lab.engine.docker_engine import OUT_IN_CONTAINER, RUN_UID, RUN_USER, _Capture, container_options
-from lab.scenario.schema import Arch
 from tests.build.test_render import case, plan
 
 

@@ -12,6 +12,7 @@ import tarfile
 import pytest
 
 from lab import doctor
+from lab.core.arch import Arch
 from lab.core.errors import EngineError, NoGpuRuntimeError
 from lab.core.records import RunLimits
 from lab.engine import gpu
@@ -19,7 +20,6 @@ from lab.engine.docker_engine import container_options
 from lab.engine.engines import EngineFacts, GiB
 from lab.engine.routing import Fleet, NoEngineError
 from lab.pipeline import check_gpu, run_limits
-from lab.scenario.schema import Arch
 from tests.build.test_render import case
 
 REFUSED = 'could not select device driver "" with capabilities: [[gpu]]'

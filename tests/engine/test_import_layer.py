@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
+from lab.core.arch import Arch
 from lab.core.errors import BuildError
 from lab.engine.docker_engine import LABEL, Engine
-from lab.scenario.schema import Arch
 
 pytestmark = pytest.mark.docker
 

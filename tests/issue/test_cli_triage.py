@@ -13,12 +13,8 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "issues"
 
 
 def test_triage_glue_with_fakes(tmp_path, monkeypatch):
-    import lab.build.hostpip
-    import lab.build.image
-    import lab.build.releases
-    import lab.cli_issue
-    import lab.drivers.bisect_run
-    import lab.pipeline
+    import lab.cli.issue
+    import lab.cli.routing
     from lab.cli import app
 
     runs = []
@@ -30,18 +26,18 @@ def test_triage_glue_with_fakes(tmp_path, monkeypatch):
                                  content_key=None, content_parts=None)
         return SimpleNamespace(result=result)
 
-    def fake_bisect(loaded, ref, old, new, arch, engine, host, runs_root, progress, **kw):
-        assert (old, new, arch) == ("2.5.1", "2.15.0", "amd64")
+    def fake_bisect(request, host, runs_root, progress, **kw):
+        assert (request.old, request.new, request.arch) == ("2.5.1", "2.15.0", "amd64")
         return SimpleNamespace(result=SimpleNamespace(status="found", last_old="2.6.0", first_new="2.7.0",
                                                       summary="2.6.0 -> 2.7.0"), folder=tmp_path / "b")
 
-    monkeypatch.setattr(lab.pipeline, "run_case", fake_run_case)
-    monkeypatch.setattr(lab.build.image, "check_release", lambda case, host: None)
-    monkeypatch.setattr(lab.build.hostpip, "discover", lambda: None)
-    monkeypatch.setattr(lab.build.releases, "candidates", lambda *a, **k: ["2.5.1", "2.15.0"])
-    monkeypatch.setattr(lab.drivers.bisect_run, "run_bisect", fake_bisect)
-    monkeypatch.setattr(lab.cli_issue, "_fleet", lambda engines, jobs: None)
-    monkeypatch.setattr(lab.cli_issue, "_engine_for", lambda fleet, case: None)
+    monkeypatch.setattr(lab.cli.issue, "run_case", fake_run_case)
+    monkeypatch.setattr(lab.cli.issue, "check_release", lambda case, host: None)
+    monkeypatch.setattr(lab.cli.issue, "discover", lambda: None)
+    monkeypatch.setattr(lab.cli.issue, "candidates", lambda *a, **k: ["2.5.1", "2.15.0"])
+    monkeypatch.setattr(lab.cli.issue, "run_bisect", fake_bisect)
+    monkeypatch.setattr(lab.cli.routing, "fleet", lambda engines, jobs: None)
+    monkeypatch.setattr(lab.cli.routing, "engine_for", lambda fleet, case: None)
     result = CliRunner().invoke(app, ["triage", str(CORPUS / "147282.md"), "--out", str(tmp_path / "runs"),
                                       "-o", str(tmp_path / "sc"), "--json"])
     assert result.exit_code == 0, result.output

@@ -14,7 +14,7 @@ from lab.issue.fetch import IssuePage, fetch_issue
 from lab.issue.infer import infer
 from lab.issue.parse import Kind, blocks, named_versions, split_output
 from lab.issue.releases import BRANCH_CUTS, normalize, shipped_after
-from lab.scenario.schema import Expect
+from lab.scenario.model import Expect
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PAGES = DATA / "issues"

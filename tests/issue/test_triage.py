@@ -159,7 +159,7 @@ def test_the_blame_of_the_bisection_is_in_the_answer_and_survives_a_resume(tmp_p
 
 
 def test_the_written_scenario_resolves_in_the_release_s_era_without_a_numpy_pin(tmp_path):
-    from lab.scenario.schema import load_scenario
+    from lab.scenario.lookup import load_scenario
     yaml_path = _make(tmp_path)()[0]
     scenario = load_scenario(yaml_path)
     assert scenario.deps == "era"

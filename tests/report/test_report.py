@@ -1,6 +1,6 @@
 from lab.build.resolve import resolve
 from lab.report.run_folder import collect_env_facts, scenario_ref
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, SCENARIOS
 
 

@@ -30,7 +30,7 @@ from lab.core.records import (
 from lab.drivers.bisect import bisect
 from lab.drivers.bisect_report import write_bisect_report
 from lab.report.run_folder import RunRecord, render_report
-from lab.scenario.schema import load_scenario
+from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, SCENARIOS
 from tests.drivers.test_bisect_report import RESUME, VERSIONS, fake, regression
 

@@ -7,7 +7,7 @@ import yaml
 
 from lab.build.resolve import resolve
 from lab.report.run_folder import render_report, run_result
-from lab.scenario.schema import Expect
+from lab.scenario.model import Expect
 from tests.conftest import DATA, tiny_scenario
 from tests.report.test_report_golden import _run
 

@@ -11,19 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
-from lab.scenario import schema as scenario_module
-from lab.scenario.schema import (
-    KNOWN_RUNTIME_FAMILIES,
-    Arch,
-    Expect,
-    Limits,
-    Scenario,
-    default_scenarios_dir,
-    list_scenarios,
-    load_scenario,
-    parse_size,
-)
+from lab.scenario import lookup as scenario_module
+from lab.scenario.lookup import default_scenarios_dir, list_scenarios, load_scenario
+from lab.scenario.model import KNOWN_RUNTIME_FAMILIES, Expect, Limits, Scenario, parse_size
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 GOOD = DATA / "good"

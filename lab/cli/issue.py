@@ -1,35 +1,32 @@
-"""The CLI of `lab new` and `lab triage` (registered by lab/cli.py's last lines; kept in its own file
-so the main CLI stays small). Like lab/cli.py it parses, shows progress and prints; the work is in
-lab.issue."""
+"""`lab new` and `lab triage`: a scenario from a skeleton or an issue page (saying what came from which
+page line), and from an issue to an answer (runs, a bisection, a comparison, a comment). The work is
+in lab.issue; this module parses, shows progress and prints."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from lab.cli import (
-    _COLOURS,
-    DepsOpt,
-    EngineOpt,
-    JobsOpt,
-    JsonOpt,
-    OutOpt,
-    Progress,
-    _engine_for,
-    _fail,
-    _fleet,
-    _guard,
-    _runs_root,
-    command,
-    err,
-    out,
-    with_deps,
-)
-from lab.core import exitcodes as codes
+from lab.build.hostpip import discover
+from lab.build.image import check_release
+from lab.build.releases import candidates
+from lab.build.resolve import resolve
+from lab.cli import inputs, routing
+from lab.cli.guard import guard
+from lab.cli.options import DepsOpt, EngineOpt, JobsOpt, JsonOpt, OutOpt
+from lab.cli.output import COLOURS, Progress, err, out, print_json
+from lab.drivers.bisect_run import BisectRequest, run_bisect
+from lab.issue.fetch import fetch_issue
+from lab.issue.infer import infer
+from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run_triage, summary_lines
+from lab.issue.write import report_json, write_inference, write_skeleton
+from lab.pipeline import run_case
+from lab.scenario.lookup import load_scenario
+from lab.scenario.model import check_version
 
 FromIssueOpt = Annotated[str | None, typer.Option(
     "--from-issue", help="A GitHub issue URL (GITHUB_TOKEN is used when set), or the issue saved as the API's "
@@ -38,22 +35,7 @@ DirOpt = Annotated[Path | None, typer.Option("-o", "--output", help="Folder for 
                                              "scripts/ (default: ./scenarios).", show_default=False)]
 
 
-def _issue_errors(fn):
-    """IssueError (the page) is bad input, exit 2; IssueFetchError (GitHub unreachable) infrastructure, 3."""
-    from lab.issue.fetch import IssueError, IssueFetchError
-
-    def body() -> None:
-        try:
-            fn()
-        except IssueError as e:
-            _fail(e, codes.BAD_INPUT)
-        except IssueFetchError as e:
-            _fail(e, codes.INFRASTRUCTURE)
-    return body
-
-
 def _show_inference(inf, written, as_json: bool) -> None:
-    from lab.issue.write import report_json
     where = inf.page.url or inf.page.source
     err.print(f"[bold]{escape(written.scenario.name)}[/] from {escape(where)}", soft_wrap=True)
     for f in inf.facts:
@@ -67,24 +49,19 @@ def _show_inference(inf, written, as_json: bool) -> None:
     err.print(f"      {escape(str(written.script))}", soft_wrap=True)
     err.print(f"run it with: [bold]lab run {escape(str(written.cpu_variant or written.yaml))}[/]", soft_wrap=True)
     if as_json:
-        out.print(json.dumps({**report_json(inf, written.yaml.stem), "yaml": str(written.yaml),
+        print_json({**report_json(inf, written.yaml.stem), "yaml": str(written.yaml),
                               "script": str(written.script),
-                              "cpu_variant": str(written.cpu_variant) if written.cpu_variant else None}),
-                  markup=False)
+                              "cpu_variant": str(written.cpu_variant) if written.cpu_variant else None})
     else:
         out.print(str(written.cpu_variant or written.yaml), markup=False)
 
 
 def from_issue(source: str, output: Path, name: str | None, force: bool):
-    from lab.issue.fetch import fetch_issue
-    from lab.issue.infer import infer
-    from lab.issue.write import write_inference
     inf = infer(fetch_issue(source))
     return inf, write_inference(inf, output, name, force)
 
 
-@command("new")
-def new_cmd(
+def new(
     name: Annotated[str | None, typer.Argument(help="Scenario name (a slug such as my-bug); with --from-issue "
                                                "it defaults to issue-<number>.", show_default=False)] = None,
     source: FromIssueOpt = None,
@@ -101,8 +78,6 @@ def new_cmd(
         if source is None:
             if not name:
                 raise typer.BadParameter("give a NAME, or --from-issue SOURCE")
-            from lab.issue.write import write_skeleton
-            from lab.scenario.schema import check_version
             yaml_path, script = write_skeleton(name, folder, check_version(torch), force)
             err.print(f"wrote {escape(str(yaml_path))}\n      {escape(str(script))}\n"
                       f"edit both, then: [bold]lab run {escape(str(yaml_path))}[/]")
@@ -110,11 +85,10 @@ def new_cmd(
             return
         inf, written = from_issue(source, folder, name, force)
         _show_inference(inf, written, as_json)
-    _guard(_issue_errors(body))
+    guard(body)
 
 
-@command("triage")
-def triage_cmd(
+def triage(
     source: Annotated[str, typer.Argument(help="A GitHub issue URL, or the issue saved as API JSON, Markdown "
                                           "or HTML.", show_default=False)],
     output: DirOpt = None,
@@ -128,19 +102,10 @@ def triage_cmd(
     release if it reproduced, a bisection if they differ, the comparison and a comment to paste.
     Run it again to resume: finished steps are read from triage.json."""
     def body() -> None:
-        from lab.build.hostpip import discover
-        from lab.build.image import check_release
-        from lab.build.releases import candidates
-        from lab.build.resolve import resolve
-        from lab.drivers.bisect_run import run_bisect
-        from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run_triage, summary_lines
-        from lab.pipeline import run_case
-        from lab.scenario.schema import load_scenario
-
-        runs_root = _runs_root(out_dir)
+        runs_root = inputs.runs_root(out_dir)
         folder = output or Path("scenarios")
         host = discover()
-        fleet = _fleet(engines, jobs)
+        fleet = routing.fleet(engines, jobs)
         key = "".join(c if c.isalnum() else "-" for c in source.rstrip("/").rsplit("/", 2)[-1])[-60:] or "page"
         tri = runs_root / "triage" / key
         state = TriageState.load(tri / "triage.json", source)
@@ -153,21 +118,22 @@ def triage_cmd(
             return str(target), written.scenario.name, inf.page.url, inf.torch, inf.arch.value
 
         def one(yaml_path: str, torch: str, arch: str) -> RunStep:
-            case = resolve(with_deps(load_scenario(yaml_path), deps), torch=torch, arch=arch)
+            case = resolve(inputs.with_deps(load_scenario(yaml_path), deps), torch=torch, arch=arch)
             check_release(case, host)
-            engine = _engine_for(fleet, case)
+            engine = routing.engine_for(fleet, case)
             with Progress() as progress:
                 outcome = run_case(case, engine, host, runs_root, progress)
             r = outcome.result
-            colour = _COLOURS.get(r.verdict.value, "bold")
+            colour = COLOURS.get(r.verdict.value, "bold")
             err.print(f"  torch {torch} {arch}: [{colour}]{r.verdict.value}[/] ({escape(r.reason[:160])})")
             return RunStep(torch=torch, arch=arch, verdict=r.verdict.value, reason=r.reason, run_dir=str(r.run_dir),
                            key=r.content_key, parts=r.content_parts)
 
         def bis(yaml_path: str, old: str, new: str, arch: str) -> BisectStep:
-            loaded = with_deps(load_scenario(yaml_path), deps)
+            loaded = inputs.with_deps(load_scenario(yaml_path), deps)
             with Progress() as progress:
-                run = run_bisect(loaded, yaml_path, old, new, arch, None, host, runs_root, progress, fleet=fleet)
+                run = run_bisect(BisectRequest(loaded, yaml_path, old, new, arch), host, runs_root, progress,
+                                 fleet=fleet)
             res = run.result
             return BisectStep(status=res.status, last_old=res.last_old, first_new=res.first_new,
                               folder=str(run.folder), summary=res.summary,
@@ -187,9 +153,7 @@ def triage_cmd(
             err.print(f"  [dim]{escape(state.compare['why'])}[/]", soft_wrap=True)
         err.print(f"comment: {escape(str(tri / 'comment.md'))}", soft_wrap=True)
         if as_json:
-            from dataclasses import asdict
-            out.print(json.dumps({**asdict(state), "summary": summary_lines(state), "folder": str(tri)}),
-                      markup=False)
+            print_json({**asdict(state), "summary": summary_lines(state), "folder": str(tri)})
         else:
             out.print("\n".join(summary_lines(state)), markup=False)
-    _guard(_issue_errors(body))
+    guard(body)
