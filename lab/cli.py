@@ -1271,6 +1271,7 @@ def config_cmd(as_json: JsonOpt = False) -> None:
 
 
 from lab import cli_issue as _cli_issue  # noqa: E402,F401,I001  (lab new, lab triage)
+from lab import cli_mcp as _cli_mcp  # noqa: E402,F401,I001  (lab mcp)
 
 
 def main() -> None:  # pragma: no cover

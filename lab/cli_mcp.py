@@ -1,0 +1,35 @@
+"""The CLI of `lab mcp` (registered by one line at the end of lab/cli.py). The server is lab.agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lab.cli import OutOpt, _guard, _runs_root, _settings, command
+
+
+@command("mcp")
+def mcp_cmd(
+    out_dir: OutOpt = None,
+    allow_network: Annotated[bool, typer.Option(
+        "--allow-network", help="Let scripts of scenarios that ask for it (network: true) use the network. "
+        "Off by default: a caller can never turn it on.")] = False,
+    allow_base: Annotated[list[str] | None, typer.Option(
+        "--allow-base", help="Also allow this base image (besides the configured scenarios' and the ones issue "
+        "pages map to); repeatable.", show_default=False)] = None,
+) -> None:
+    """Serve the lab to an agent over MCP (stdio): list/show scenarios, scenario_from_issue, run, bisect,
+    compare, comment, triage, read_report. Callers name scenarios and folders under the runs folder only."""
+    def body() -> None:
+        from lab.agent.policy import Policy
+        from lab.agent.server import build_server
+        settings = _settings()
+        policy = Policy(runs_root=Path(_runs_root(out_dir)).resolve(),
+                        scenario_dirs=tuple(d.path for d in settings.scenario_dirs()),
+                        engines=tuple(str(e) for e in settings["engines"] or ()),
+                        allow_network=allow_network, extra_bases=tuple(allow_base or ()))
+        policy.runs_root.mkdir(parents=True, exist_ok=True)
+        build_server(policy).run("stdio")
+    _guard(body)
