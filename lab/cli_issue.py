@@ -115,18 +115,34 @@ def new_cmd(
 
 @command("triage")
 def triage_cmd(
-    source: Annotated[str, typer.Argument(help="A GitHub issue URL, or the issue saved as API JSON, Markdown "
-                                          "or HTML.", show_default=False)],
+    sources: Annotated[list[str] | None, typer.Argument(
+        help="GitHub issue URLs, or issues saved as API JSON, Markdown or HTML; @FILE reads one per line. "
+        "Several make one batch.", show_default=False)] = None,
     output: DirOpt = None,
     out_dir: OutOpt = None,
     engines: EngineOpt = None,
     jobs: JobsOpt = None,
     deps: DepsOpt = None,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from-file", help="A file of issue URLs or saved pages, one per line (# comments); makes a batch.",
+        show_default=False)] = None,
+    parallel: Annotated[int | None, typer.Option(
+        "--parallel", help="A batch: how many issues are triaged at once (default: 2 per engine).",
+        show_default=False)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """From an issue to an answer: from-issue, a run on the page's version and arch, a run on the newest
     release if it reproduced, a bisection if they differ, the comparison and a comment to paste.
-    Run it again to resume: finished steps are read from triage.json."""
+    Run it again to resume: finished steps are read from triage.json. Several pages (or @FILE,
+    --from-file) are one batch with one summary (summary.md, summary.json); a rerun skips the
+    issues that finished and did not change."""
+    items = list(sources or [])
+    if from_file is not None or len(items) != 1 or items[0].startswith("@"):
+        from lab.cli_triage_batch import triage_batch
+        triage_batch(items, from_file, output, out_dir, engines, jobs, deps, parallel, as_json)
+        return
+    source = items[0]
+
     def body() -> None:
         from lab.build.hostpip import discover
         from lab.build.image import check_release
@@ -141,8 +157,8 @@ def triage_cmd(
         folder = output or Path("scenarios")
         host = discover()
         fleet = _fleet(engines, jobs)
-        key = "".join(c if c.isalnum() else "-" for c in source.rstrip("/").rsplit("/", 2)[-1])[-60:] or "page"
-        tri = runs_root / "triage" / key
+        from lab.issue.triage_batch import triage_folder
+        tri = triage_folder(runs_root, source)
         state = TriageState.load(tri / "triage.json", source)
         err.print(f"triage folder: {escape(str(tri))} (run the same command again to resume)", soft_wrap=True)
 

@@ -7,6 +7,7 @@ exits 130. Its stderr lines are the progress; its stdout's last line is the JSON
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -106,10 +107,8 @@ async def _stop(process: Process) -> None:
     with anyio.move_on_after(STOP_GRACE_S):
         await process.wait()
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     await process.wait()
 
 

@@ -8,6 +8,7 @@ script unless the server was started with `--allow-network`."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,14 +70,12 @@ class Policy:
         """The configured list: every base of the shipped scenarios, the ones the issue inference
         chooses, and `lab mcp --allow-base` (a project scenario on another base needs it too)."""
         if not self._bases:
-            from lab.issue.infer import CPU_BASE, GPU_BASE, OLD_BASE
             from lab.core.resources import shipped_scenarios_dir
+            from lab.issue.infer import CPU_BASE, GPU_BASE, OLD_BASE
             from lab.scenario.schema import list_scenarios
             found = {CPU_BASE, GPU_BASE, OLD_BASE, *self.extra_bases}
-            try:
+            with contextlib.suppress(LabError):
                 found |= {s.base for s in list_scenarios(shipped_scenarios_dir()) if not isinstance(s, Exception)}
-            except LabError:
-                pass
             self._bases.extend(sorted(found))
         return self._bases
 

@@ -230,7 +230,7 @@ def _run_result(policy: Policy, data: dict) -> m.RunToolResult:
     cut = bool(r.capture and any(getattr(s, "cut", False) for s in (r.capture.stdout, r.capture.stderr)))
     folder = Path(r.run_dir)
     return m.RunToolResult(
-        scenario=r.scenario, torch=r.torch, arch=r.arch.value, engine=r.engine.kind if r.engine else None,
+        scenario=r.scenario, torch=r.torch, arch=str(getattr(r.arch, "value", r.arch)), engine=r.engine.kind if r.engine else None,
         emulated=r.emulated, verdict=r.verdict.value, reason=policy.cap(r.reason) or "",
         evidence=m.Evidence(exception=policy.cap(f"{exc.type}: {exc.message}"[:2000]) if exc else None,
                             duplicate_runtimes=[d.family for d in r.evidence.duplicate_runtimes],
@@ -245,7 +245,8 @@ def _bisect_result(policy: Policy, data: dict) -> m.BisectToolResult:
     return m.BisectToolResult(
         status=data.get("status", "?"), from_verdict=data.get("from_verdict"), to_verdict=data.get("to_verdict"),
         last_old=data.get("last_old"), first_new=data.get("first_new"),
-        steps=[m.BisectStepResult(torch=str(s.get("torch") or s.get("version")), verdict=str(s.get("verdict"))) for s in data.get("steps", [])],
+        steps=[m.BisectStepResult(torch=str(s.get("torch") or s.get("version")), verdict=str(s.get("verdict")))
+               for s in data.get("steps", [])],
         summary=policy.cap(str(data.get("summary") or "")) or "", blame=blame,
         folder=policy.relative(folder) or "", comment=(policy.cap(_comment(folder)) or "") if folder else "")
 
@@ -256,7 +257,8 @@ def _triage_result(policy: Policy, data: dict) -> m.TriageToolResult:
     return m.TriageToolResult(
         source=data.get("source", ""), scenario=data.get("name"), page_verdict=page.get("verdict"),
         page_torch=page.get("torch"), newest_verdict=new.get("verdict"), newest_torch=new.get("torch"),
-        boundary=boundary, blame=[f"{b.get('package')} {b.get('old')} -> {b.get('new')}" for b in bis.get("blame", [])],
+        boundary=boundary,
+        blame=[f"{b.get('package')} {b.get('old')} -> {b.get('new')}" for b in bis.get("blame", [])],
         summary=list(data.get("summary") or []), folder=policy.relative(data.get("folder")) or "",
         comment=policy.cap(data.get("comment")))
 
