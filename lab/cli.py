@@ -843,7 +843,7 @@ def bundle_cmd(
     _guard(body)
 
 
-DECLINED = 4  # exit code of `lab replay` when the user answers no: nothing was built or run
+DECLINED = codes.DECLINED  # exit code of `lab replay` when the user answers no: nothing was built or run
 
 
 @command("replay")
@@ -1226,8 +1226,9 @@ def cache_prune(
 
 @command("schema")
 def schema_cmd(
-    name: Annotated[str | None, typer.Argument(help="run, evidence, bisect, matrix, ablation or bundle-manifest "
-                                               "(default: all of them).", show_default=False)] = None,
+    name: Annotated[str | None, typer.Argument(
+        help="run, evidence, bisect, matrix, ablation, compare, localize, bundle-manifest, triage-batch, or a "
+        "`lab mcp` tool's result (mcp-run, mcp-bisect, ...) (default: all of them).", show_default=False)] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write <name>.schema.json files into this "
                                                  "folder instead of printing.")] = None,
 ) -> None:

@@ -230,7 +230,8 @@ def _run_result(policy: Policy, data: dict) -> m.RunToolResult:
     cut = bool(r.capture and any(getattr(s, "cut", False) for s in (r.capture.stdout, r.capture.stderr)))
     folder = Path(r.run_dir)
     return m.RunToolResult(
-        scenario=r.scenario, torch=r.torch, arch=str(getattr(r.arch, "value", r.arch)), engine=r.engine.kind if r.engine else None,
+        scenario=r.scenario, torch=r.torch, arch=str(getattr(r.arch, "value", r.arch)),
+        engine=r.engine.kind if r.engine else None,
         emulated=r.emulated, verdict=r.verdict.value, reason=policy.cap(r.reason) or "",
         evidence=m.Evidence(exception=policy.cap(f"{exc.type}: {exc.message}"[:2000]) if exc else None,
                             duplicate_runtimes=[d.family for d in r.evidence.duplicate_runtimes],

@@ -84,6 +84,9 @@ def test_a_hostile_caller_gets_refusals_with_reasons_and_no_file_outside_the_run
                           "comment", "triage", "read_report"}
     assert all(t.output_schema for t in tools.values())  # structured results, typed
     assert tools["run"].input_schema["properties"].keys() >= {"scenario", "torch", "arch", "engine"}
+    from lab.schemas import json_schema  # `lab schema mcp-*` is what the tools declare
+    for name in ("run", "bisect", "triage", "read_report"):
+        assert tools[name].output_schema["properties"] == json_schema(f"mcp-{name.replace('_', '-')}")["properties"]
     for call, (is_error, text) in found.items():
         assert is_error, call
         assert "secret of the host" not in text and "root:" not in text, call
