@@ -107,7 +107,8 @@ def build_server(policy: Policy) -> MCPServer:
         """Run a scenario once, confined, on a torch release and arch (default: the scenario's), on an engine
         (default, local, or a configured one). Progress is reported; cancelling stops the run."""
         args = _case_args(policy, scenario, torch, arch, engine)
-        data = await job(ctx, ["run", *args])
+        network = ["--allow-network"] if policy.allow_network else []  # only `lab mcp --allow-network` opens it
+        data = await job(ctx, ["run", *args, *network])
         return _run_result(policy, data)
 
     @server.tool()
@@ -152,14 +153,15 @@ def build_server(policy: Policy) -> MCPServer:
         return m.CommentResult(folder=policy.relative(path) or "", comment=policy.cap(text) or "")
 
     @server.tool()
-    async def triage(page: str, ctx: Context) -> m.TriageToolResult:
+    async def triage(page: str, ctx: Context, engine: str | None = None) -> m.TriageToolResult:
         """From an issue page (URL or text) to an answer: a run on the page's release, on the newest, a
         bisection if they differ, and a comment to paste. Resumes an earlier triage of the same page."""
         try:
             source = _page_source(policy, page)
+            engines = policy.engine_args(engine)
         except LabError as e:
             raise refuse(e) from None
-        data = await job(ctx, ["triage", source, "--output", str(policy.scenarios_folder)])
+        data = await job(ctx, ["triage", source, "--output", str(policy.scenarios_folder), *engines])
         return _triage_result(policy, data)
 
     @server.tool()
@@ -208,8 +210,6 @@ def _case_args(policy: Policy, scenario: str, torch: str | None, arch: str | Non
         args += policy.engine_args(engine)
     except LabError as e:
         raise ToolError(str(e)) from None
-    if policy.allow_network and "bisect" not in args:
-        args.append("--allow-network")
     return args
 
 

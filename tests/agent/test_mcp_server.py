@@ -57,6 +57,7 @@ def test_a_hostile_caller_gets_refusals_with_reasons_and_no_file_outside_the_run
     outside.mkdir()
     (outside / "report.md").write_text("secret of the host\n")
     (tmp_path / "runs" / "escape").symlink_to(outside)
+    shutil.copytree(ROOT / "tests" / "data" / "compare" / "bisect-vmap-newapi", tmp_path / "runs" / "bis")
 
     async def body(s: ClientSession):
         tools = {t.name: t for t in (await s.list_tools()).tools}
@@ -77,9 +78,23 @@ def test_a_hostile_caller_gets_refusals_with_reasons_and_no_file_outside_the_run
             found[f"{name} {json.dumps(args)}"] = (res.is_error, res.content[0].text if res.content else "")
         good = await s.call_tool("read_report", {"folder": "some-run"})
         listed = await s.call_tool("list_scenarios", {})
-        return tools, found, good, listed
+        real = {key: await s.call_tool(name, args) for key, name, args in (
+            ("compare", "compare", {"a": "bis"}), ("comment", "comment", {"folder": "bis"}),
+            ("read_report", "read_report", {"folder": "bis"}),
+            ("read_run", "read_report", {"folder": str(tmp_path / "runs" / "bis" / "torch2.4.0")}))}
+        return tools, found, good, listed, real
 
-    tools, found, good, listed = anyio.run(_session, tmp_path, body)
+    tools, found, good, listed, real = anyio.run(_session, tmp_path, body)
+    # a real bisection's folder (tests/data/compare): compared, commented and read through the tools
+    assert not any(r.is_error for r in real.values()), {k: r.content for k, r in real.items()}
+    cmp = real["compare"].structured_content
+    assert (cmp["a"], cmp["b"]) == ("bis/torch2.3.1", "bis/torch2.4.0") and cmp["same_verdict"] is False
+    assert real["comment"].structured_content["comment"].strip() and str(tmp_path) not in \
+        real["comment"].structured_content["comment"]
+    assert real["read_report"].structured_content["kind"] == "bisect"
+    assert real["read_report"].structured_content["report"].startswith("#")
+    run = real["read_run"].structured_content
+    assert (run["kind"], run["folder"], run["verdict"]) == ("run", "bis/torch2.4.0", "not_reproduced")
     assert set(tools) >= {"list_scenarios", "show_scenario", "scenario_from_issue", "run", "bisect", "compare",
                           "comment", "triage", "read_report"}
     assert all(t.output_schema for t in tools.values())  # structured results, typed
