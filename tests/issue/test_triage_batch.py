@@ -148,3 +148,24 @@ def test_the_cli_refuses_a_missing_list_with_one_paragraph_and_exit_2(tmp_path):
     proc = run_lab("triage", f"@{tmp_path / 'nope.txt'}", "--out", str(tmp_path / "runs"))
     assert proc.returncode == codes.BAD_INPUT, proc.stderr
     assert "cannot be read" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_cli_batch_runs_each_page_as_lab_triage_and_exits_with_the_batchs_code(tmp_path):
+    """The real local runner (a `lab triage SOURCE` child per page, two at once, the local engine so no
+    Docker engine is asked): pages that give no scenario are bad input, named in the summary with their
+    own paragraph, and the batch exits 2 with summary.json's code."""
+    listed = tmp_path / "pages.txt"
+    pages = [str(CORPUS / "108747.md"), str(CORPUS / "121288.md")]
+    listed.write_text("\n".join(pages) + "\n")
+    args = ("triage", "--from-file", str(listed), "--engine", "local", "--parallel", "2",
+            "--out", str(tmp_path / "runs"), "-o", str(tmp_path / "sc"), "--json")
+    proc = run_lab(*args)
+    assert proc.returncode == codes.BAD_INPUT, proc.stderr
+    assert "Traceback" not in proc.stderr
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["kind"] == "triage-batch" and data["exit_code"] == codes.BAD_INPUT
+    assert [(r["source"], r["status"]) for r in data["issues"]] == [(p, "bad_input") for p in pages]
+    assert "has no code block" in data["issues"][0]["error"]
+    summary = Path(data["folder"])
+    assert json.loads((summary / "summary.json").read_text()) == data
+    assert "| bad_input |" in (summary / "summary.md").read_text()
