@@ -17,8 +17,8 @@ def mcp_cmd(
         "--allow-network", help="Let scripts of scenarios that ask for it (network: true) use the network. "
         "Off by default: a caller can never turn it on.")] = False,
     allow_base: Annotated[list[str] | None, typer.Option(
-        "--allow-base", help="Also allow this base image (besides the configured scenarios' and the ones issue "
-        "pages map to); repeatable.", show_default=False)] = None,
+        "--allow-base", help="Also allow this base image (besides the shipped scenarios' bases and the ones issue "
+        "pages map to); repeatable. A scenario on any other base is refused.", show_default=False)] = None,
 ) -> None:
     """Serve the lab to an agent over MCP (stdio): list/show scenarios, scenario_from_issue, run, bisect,
     compare, comment, triage, read_report. Callers name scenarios and folders under the runs folder only."""
