@@ -37,11 +37,14 @@ def build_server(policy: Policy) -> MCPServer:
 
     async def job(ctx: Context, args: list[str]) -> dict:
         started = time.monotonic()
-        count = [0]
+        count, last = [0], [0.0]
 
-        async def progress(line: str) -> None:
+        async def progress(line: str) -> None:  # at most 4 notifications a second (a build says a lot)
             count[0] += 1
-            await ctx.report_progress(count[0], None, f"{time.monotonic() - started:.0f}s {line}")
+            now = time.monotonic()
+            if now - last[0] >= 0.25:
+                last[0] = now
+                await ctx.report_progress(count[0], None, f"{now - started:.0f}s {line}")
         try:
             return (await run_lab_job([*args, "--out", str(policy.runs_root), "--json"], progress)).data
         except JobFailed as e:
