@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from lab.agent.models import TOOL_RESULTS
 from lab.bundle.manifest import Manifest
 from lab.compare.diff import Comparison
 from lab.core.errors import ScenarioError
@@ -24,6 +25,7 @@ from lab.core.results import (
     LocalizeResult,
     MatrixResult,
 )
+from lab.issue.triage_batch import BatchSummary
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -40,7 +42,13 @@ SCHEMAS: dict[str, tuple[str, Any]] = {
                  LocalizeResult),
     "bundle-manifest": ("bundle.json, the first member of a bundle (`lab bundle --inspect --json`); its "
                         "`format_version` is its schema version", Manifest),
+    "triage-batch": ("summary.json of `lab triage` over several pages, and its --json; the batch's own "
+                     "`schema_version`", BatchSummary),
+    **{name: (f"the structured result of {words}", model) for name, (words, model) in TOOL_RESULTS.items()},
 }
+# documents with the results' SCHEMA_VERSION (the others carry their own version, or none: the MCP tools'
+# results are versioned by the server's tool list)
+_VERSIONED = ("run", "evidence", "bisect", "matrix", "ablation", "compare", "localize")
 
 
 def names() -> list[str]:
@@ -56,8 +64,7 @@ def json_schema(name: str) -> dict[str, Any]:
     adapter = model if isinstance(model, TypeAdapter) else TypeAdapter(model)
     schema = adapter.json_schema(mode="serialization", by_alias=True)
     return {"$schema": DIALECT, "title": f"torch-repro-lab {name}",
-            "description": description + (f" (schema_version {SCHEMA_VERSION})" if name != "bundle-manifest"
-                                          else ""),
+            "description": description + (f" (schema_version {SCHEMA_VERSION})" if name in _VERSIONED else ""),
             **{k: v for k, v in schema.items() if k not in ("title", "description")}}
 
 

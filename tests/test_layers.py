@@ -13,7 +13,7 @@ LAB = Path(__file__).resolve().parents[1] / "lab"
 # Earlier first. pipeline, doctor, schemas and cli are modules at the top of the package.
 ORDER = ("core", "scenario", "engine", "build", "analyze", "report", "history", "cache_policy", "compare",
          "pipeline",
-         "drivers", "bundle", "issue", "doctor", "schemas", "cli")
+         "drivers", "bundle", "issue", "agent", "doctor", "schemas", "cli")
 
 
 def _stage(module: str) -> str | None:

@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("settings", "config"),
     "new": ("issue", "new"),
     "triage": ("issue", "triage"),
+    "mcp": ("mcp", "mcp"),
     "cache": ("cache", "app"),
 }
 

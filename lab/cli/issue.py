@@ -4,6 +4,7 @@ in lab.issue; this module parses, shows progress and prints."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +17,7 @@ from lab.build.image import check_release
 from lab.build.releases import candidates
 from lab.build.resolve import resolve
 from lab.cli import inputs, routing
+from lab.cli import output as output_state
 from lab.cli.guard import guard
 from lab.cli.options import DepsOpt, EngineOpt, JobsOpt, JsonOpt, OutOpt
 from lab.cli.output import COLOURS, Progress, err, out, print_json
@@ -23,6 +25,7 @@ from lab.drivers.bisect_run import BisectRequest, run_bisect
 from lab.issue.fetch import fetch_issue
 from lab.issue.infer import infer
 from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run_triage, summary_lines
+from lab.issue.triage_batch import batch_folder, local_runner, read_sources, run_batch, triage_folder
 from lab.issue.write import report_json, write_inference, write_skeleton
 from lab.pipeline import run_case
 from lab.scenario.lookup import load_scenario
@@ -89,25 +92,39 @@ def new(
 
 
 def triage(
-    source: Annotated[str, typer.Argument(help="A GitHub issue URL, or the issue saved as API JSON, Markdown "
-                                          "or HTML.", show_default=False)],
+    sources: Annotated[list[str] | None, typer.Argument(
+        help="GitHub issue URLs, or issues saved as API JSON, Markdown or HTML; @FILE reads one per line. "
+        "Several make one batch.", show_default=False)] = None,
     output: DirOpt = None,
     out_dir: OutOpt = None,
     engines: EngineOpt = None,
     jobs: JobsOpt = None,
     deps: DepsOpt = None,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from-file", help="A file of issue URLs or saved pages, one per line (# comments); makes a batch.",
+        show_default=False)] = None,
+    parallel: Annotated[int | None, typer.Option(
+        "--parallel", help="A batch: how many issues are triaged at once (default: 2 per engine).",
+        show_default=False)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """From an issue to an answer: from-issue, a run on the page's version and arch, a run on the newest
     release if it reproduced, a bisection if they differ, the comparison and a comment to paste.
-    Run it again to resume: finished steps are read from triage.json."""
+    Run it again to resume: finished steps are read from triage.json. Several pages (or @FILE,
+    --from-file) are one batch with one summary (summary.md, summary.json); a rerun skips the
+    issues that finished and did not change."""
+    items = list(sources or [])
+    if from_file is not None or len(items) != 1 or items[0].startswith("@"):
+        _triage_batch(items, from_file, output, out_dir, engines, jobs, deps, parallel, as_json)
+        return
+    source = items[0]
+
     def body() -> None:
         runs_root = inputs.runs_root(out_dir)
         folder = output or Path("scenarios")
         host = discover()
         fleet = routing.fleet(engines, jobs)
-        key = "".join(c if c.isalnum() else "-" for c in source.rstrip("/").rsplit("/", 2)[-1])[-60:] or "page"
-        tri = runs_root / "triage" / key
+        tri = triage_folder(runs_root, source)
         state = TriageState.load(tri / "triage.json", source)
         err.print(f"triage folder: {escape(str(tri))} (run the same command again to resume)", soft_wrap=True)
 
@@ -157,3 +174,75 @@ def triage(
         else:
             out.print("\n".join(summary_lines(state)), markup=False)
     guard(body)
+
+
+def _triage_batch(items: list[str], from_file: Path | None, output: Path | None, out_dir: Path | None,
+                 engines: list[str] | None, jobs: int | None, deps: str | None, parallel: int | None,
+                 as_json: bool) -> None:
+    exit_code: list[int] = []
+
+    def body() -> None:
+        sources = read_sources(items, from_file)
+        runs_root = inputs.runs_root(out_dir)
+        fleet = routing.fleet(engines, jobs)  # every engine answers before the first issue starts
+        names = list(fleet.engines)
+        at_once = parallel if parallel is not None else 2 * max(1, len(names))
+        if at_once < 1:
+            raise typer.BadParameter(f"--parallel must be 1 or more, not {at_once}", param_hint="--parallel")
+        extra = [*(["--deps", deps] if deps else []), *(["--jobs", str(jobs)] if jobs else [])]
+        rotate = names if len(names) > 1 else []
+        if not rotate:
+            for e in engines or ():
+                extra += ["--engine", e]
+        folder = batch_folder(runs_root, sources)
+        err.print(f"triage of {len(sources)} issues, up to {at_once} at once"
+                  + (f" on {len(rotate)} engines" if rotate else "") + f"; summary: {escape(str(folder))}",
+                  soft_wrap=True)
+        err.print("run the same command again to resume: finished issues that did not change are reused",
+                  soft_wrap=True)
+        done = [0]
+        lock = threading.Lock()
+        status = None if output_state.OUTPUT.quiet else err.status(f"triage 0/{len(sources)}", spinner="dots")
+
+        def started(job, engine) -> None:
+            err.print(f"[dim]start[/] {escape(job.source)}" + (f" on {escape(engine)}" if engine else ""),
+                      soft_wrap=True)
+
+        def note(source: str, message: str) -> None:
+            with lock:
+                if message in ("done", "reused") or message.startswith(("bad_input", "infrastructure", "failed",
+                                                                        "interrupted", "finished earlier")):
+                    done[0] += 1
+                colour = "red" if message.startswith(("bad_input", "infrastructure", "failed")) else "dim"
+                err.print(f"[{colour}]{escape(source)}[/] {escape(message)}", soft_wrap=True)
+                if status is not None:
+                    status.update(f"triage {done[0]}/{len(sources)}")
+
+        runner = local_runner(runs_root, output or Path("scenarios"), at_once, rotate, extra, started)
+        if status is not None:
+            status.start()
+        try:
+            summary = run_batch(sources, runs_root, runner, folder=folder, note=note)
+        finally:
+            if status is not None:
+                status.stop()
+        for r in summary.issues:
+            colour = COLOURS.get(r.page_verdict or "", "bold")
+            where = r.upstream or r.source
+            page = f"[{colour}]{r.page_verdict}[/] on {r.page_torch}" if r.page_verdict else r.status
+            new = f", {r.newest_verdict} on {r.newest_torch}" if r.newest_verdict and r.newest_torch != r.page_torch \
+                else ""
+            extra_words = "".join([f", boundary {r.boundary}" if r.boundary else "",
+                                   ", failed differently" if r.failed_differently else "",
+                                   ", no oracle" if r.no_oracle else "",
+                                   f": {r.error}" if r.error else ""])
+            err.print(f"  {escape(where)}: {page}{escape(new)}{escape(extra_words)}", soft_wrap=True)
+        err.print(f"summary: {escape(str(folder / 'summary.md'))}", soft_wrap=True)
+        if as_json:
+            out.print(summary.model_dump_json(), markup=False)
+        else:
+            out.print(str(folder / "summary.json"), markup=False)
+        exit_code.append(summary.exit_code)
+    guard(body)
+    if exit_code and exit_code[0]:
+        raise typer.Exit(exit_code[0])

@@ -16,10 +16,11 @@ from lab.cli import inputs
 from lab.cli.guard import guard
 from lab.cli.options import JsonOpt, OutOpt
 from lab.cli.output import COLOURS, Progress, err, print_json
+from lab.core import exitcodes as codes
 from lab.core.records import format_bytes
 from lab.engine.docker_engine import Engine
 
-DECLINED = 4  # exit code of `lab replay` when the user answers no: nothing was built or run
+DECLINED = codes.DECLINED  # `lab replay` answered no, or no TTY and no --yes: nothing was built or run
 
 
 def replay(
@@ -93,6 +94,9 @@ def _show_replay_plan(plan) -> None:
     row("system packages", (", ".join(plan.system_packages) or "none")
         + (f" (and the lab's {', '.join(plan.lab_packages)})" if plan.lab_packages else ""))
     row("pip", ", ".join(plan.requirements))
+    if plan.case.constraints:
+        row("versions", f"exactly the original run's {len(plan.case.constraints)} (its pip freeze): "
+            + ", ".join(plan.case.constraints))
     if plan.allow_source_builds:
         named = "; ".join(f"{r.requirement} ({r.kind})" for r in plan.source_requirements)
         err.print(f"  {'source builds':<16} [bold red]ALLOWED (--allow-source-builds): pip inside the build may "

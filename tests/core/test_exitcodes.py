@@ -40,3 +40,16 @@ def test_check_codes_are_what_git_bisect_run_expects():
     assert 1 <= codes.CHECK_REPRODUCED <= 127 and codes.CHECK_REPRODUCED != 125
     assert codes.CHECK_SKIP == 125
     assert codes.CHECK_ABORT > 127 and codes.INTERRUPTED > 127
+
+
+def test_the_table_names_every_default_exit_code_once():
+    assert [row[0] for row in codes.TABLE] == [codes.OK, codes.INTERNAL, codes.BAD_INPUT, codes.INFRASTRUCTURE,
+                                               codes.DECLINED, codes.INTERRUPTED]
+    assert all(name and meaning and ci for _, name, meaning, ci in codes.TABLE)
+    text = codes.table_markdown()
+    assert text.startswith("| exit | meaning | details | in CI |") and "| 4 | declined |" in text
+
+
+def test_the_cli_declines_with_the_tables_code():
+    from lab.cli import replay
+    assert replay.DECLINED == codes.DECLINED == 4

@@ -40,7 +40,10 @@ def load(path) -> object:
 
 
 def test_every_schema_is_a_valid_json_schema():
-    assert names() == ["run", "evidence", "bisect", "matrix", "ablation", "compare", "localize", "bundle-manifest"]
+    assert names()[:8] == ["run", "evidence", "bisect", "matrix", "ablation", "compare", "localize", "bundle-manifest"]
+    # issue 32: the batch triage's summary.json and every `lab mcp` tool's structured result
+    assert names()[8:] == ["triage-batch", "mcp-list-scenarios", "mcp-show-scenario", "mcp-scenario-from-issue",
+                           "mcp-run", "mcp-bisect", "mcp-compare", "mcp-comment", "mcp-triage", "mcp-read-report"]
     for name in names():
         schema = json_schema(name)
         jsonschema.Draft202012Validator.check_schema(schema)
