@@ -11,7 +11,7 @@ import pytest
 
 LAB = Path(__file__).resolve().parents[1] / "lab"
 # Earlier first. pipeline, doctor, schemas and cli are modules at the top of the package.
-ORDER = ("core", "scenario", "engine", "build", "analyze", "report", "history", "cache_policy", "compare",
+ORDER = ("core", "scenario", "build", "engine", "analyze", "report", "history", "cache_policy", "compare",
          "pipeline",
          "drivers", "bundle", "issue", "doctor", "schemas", "cli")
 
