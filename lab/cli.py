@@ -276,13 +276,12 @@ def _local_options(python_env: str = "venv", trust_script: bool = False):
 def _engine_for(fleet, case):
     """The best engine for one case: native before QEMU, a GPU case only where the NVIDIA runtime is."""
     from lab.engine.routing import NoEngineError
-    from lab.pipeline import check_gpu
     try:
         route = fleet.routes(case.arch.value, case.scenario.gpu, case.name, _gpu_hint(case.scenario))[0]
     except NoEngineError:
         live = fleet.live_engines()
         if case.scenario.gpu and len(live) == 1:  # one engine: its own answer, its fix, the CPU variant
-            check_gpu(case, live[0])
+            live[0].check(case)
         raise
     return fleet.engine(route.engine)
 
@@ -506,14 +505,12 @@ def run(
 
 
 def _check_local(case, engine) -> None:
-    """The local engine's refusals (another arch, no sandbox without --trust-script, missing system
-    packages), before anything is made."""
-    from lab.pipeline import check_local, is_local
-    if is_local(engine):
-        check_local(case, engine)
-        if not engine.confinement.confined:
-            log.warning("the local engine runs the script NOT CONFINED (--trust-script): "
-                        f"{engine.confinement.problem}")
+    """The engine's refusals (a GPU it lacks; the local engine: another arch, no sandbox without
+    --trust-script, missing system packages), before anything is made."""
+    engine.check(case)
+    if not engine.confined:
+        log.warning(f"the {engine.name} engine runs the script NOT CONFINED (--trust-script): "
+                    f"{engine.unconfined_reason}")
 
 
 def _matrix(cases, fleet, host, runs_root: Path, repeat: int, as_json: bool, options: dict) -> None:

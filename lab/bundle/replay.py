@@ -66,7 +66,7 @@ from lab.core.errors import ScenarioError
 from lab.core.records import Events, RunLimits, no_events
 from lab.core.results import RESULT_NAME, RunResult, parse_result
 from lab.core.scrub import MASK
-from lab.engine.docker_engine import Engine
+from lab.engine.protocol import Engine
 from lab.report import run_folder as report
 from lab.scenario.schema import Arch, TorchVersion, read_yaml, validate_scenario
 

@@ -41,7 +41,7 @@ from lab.core.results import (
 )
 from lab.drivers.bisect import BisectResult, Probe, bisect
 from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
-from lab.engine.docker_engine import Engine
+from lab.engine.protocol import Engine
 from lab.engine.routing import Fleet, NoEngineError
 from lab.scenario.schema import Scenario
 
@@ -198,8 +198,7 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
             image = outcome.result.image
             if not keep_images and image is not None and not image.cached and outcome.result.local is None:
                 say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
-                on.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
-                on.remove_image(image.tag)
+                on.discard(image.tag)  # (Docker: the apt and venv layers serve the next probe)
             with lock:
                 cache_policy.enforce_cap(on, say, force=True)  # never raises: a problem is an event
         except EngineError:
@@ -333,8 +332,7 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
             outcome = run_case(case, on, host, runs_root, events, run_dir=run_dir, diagnose=False, collect_env=False)
             image = outcome.result.image
             if not keep_images and image is not None and not image.cached and outcome.result.local is None:
-                on.anchor_shared_layers(image.tag)
-                on.remove_image(image.tag)
+                on.discard(image.tag)
             return outcome.result.verdict.value
         try:
             verdict = go(engine) if fleet is None else on_engine(

@@ -151,10 +151,8 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
              read_source: Callable[[str], str | None] | None = None) -> LocalizeResult:
     """The ablation, then compiler_bisector, on the image of `case`; writes localize.json and
     localize.md into `folder`."""
-    from lab.build.image import build_image
-    from lab.build.render import plan_build
     from lab.drivers.ablate import run_ablation
-    from lab.pipeline import is_local, read_torch_file
+    from lab.pipeline import plan_for, read_torch_file
     folder.mkdir(parents=True, exist_ok=True)
     case = replace(case, backend=None, mode=None)
     if case.scenario.ablation.via == "none":
@@ -163,7 +161,7 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
         events("localize", f"backend ablation of torch {case.torch}")
         ablated = run_ablation(case, engine, host, runs_root, events, run_case=run_case)
         layer, ablation, ablation_dir = ablated.conclusion.layer, ablated.conclusion.words, str(ablated.folder)
-    if is_local(engine):
+    if not engine.keeps_images:
         # the local engine runs the script in a venv, not an image that compiler_bisector can be
         # started in; the ablation above ran there, the bisector is for a Docker engine
         bisector = BisectorResult(available=False, ran=False,
@@ -172,10 +170,10 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
                                         f"{case.torch}` on a Docker engine runs it)")
     else:
         from lab.build import era
-        plan = plan_build(era.apply(case, host)[0], host, events)  # the dependencies the ablation's runs had
-        image = build_image(plan, engine, host, events, folder / "build.log")  # the ablation's image, cached
-        reader = read_source or (lambda rel: _decoded(read_torch_file(engine, image.tag, case, rel)))
-        bisector = run_bisector(case, engine, image.tag, folder, events, reader(BISECTOR_MODULE))
+        plan = plan_for(era.apply(case, host)[0], engine, host, events)  # the dependencies the ablation's runs had
+        image = engine.prepare(case, plan, host, folder, events)  # the ablation's image, cached
+        reader = read_source or (lambda rel: _decoded(read_torch_file(engine, image.ref, case, rel)))
+        bisector = run_bisector(case, engine, image.ref, folder, events, reader(BISECTOR_MODULE))
     conclusion = "; ".join(filter(None, [f"layer: {layer}" if layer else ablation, bisector.words]))
     result = LocalizeResult(scenario=case.scenario.name, torch=case.torch, arch=case.arch.value, layer=layer,
                             ablation=ablation, ablation_dir=ablation_dir, bisector=bisector, conclusion=conclusion)

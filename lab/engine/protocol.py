@@ -83,6 +83,12 @@ class Engine(Protocol):
         ...
 
     @property
+    def unconfined_reason(self) -> str | None:
+        """Why the script would not be confined here (bubblewrap missing, user namespaces off), in
+        words; None where it always is. With `confined` False, the CLI warns with it."""
+        ...
+
+    @property
     def gpu(self) -> bool:
         """Whether it can give a run the host's NVIDIA GPUs (Docker: the nvidia runtime; the local
         engine: the device nodes). A quick fact; `check` asks harder for a GPU case."""
@@ -170,10 +176,11 @@ class Engine(Protocol):
         ...
 
     # --- after runs: housekeeping ---------------------------------------------
-    def discard(self, image: BuiltImage) -> None:
-        """A probe's image is not needed again (bisect without --keep-images): free what only it
-        holds, keeping what the next probe shares (Docker: anchor the shared layers, remove the
-        tag). Engines whose environments are cache entries leave them to the cache cap."""
+    def discard(self, tag: str) -> None:
+        """A probe's image (`BuiltImage.tag`, as result.json records it) is not needed again
+        (bisect without --keep-images): free what only it holds, keeping what the next probe shares
+        (Docker: anchor the shared layers, remove the tag). Engines whose environments are cache
+        entries leave them to the cache cap."""
         ...
 
     def managed_images(self) -> list[ImageUsage]:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 
 from lab.core.errors import LabError
 from lab.engine import gpu as gpu_words
-from lab.engine.docker_engine import Engine
 from lab.engine.engines import EngineFacts
+from lab.engine.protocol import Engine
 
 _ORDER = {"native": 0, "emulated": 1, "maybe": 2}
 

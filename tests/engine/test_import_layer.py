@@ -10,7 +10,8 @@ import uuid
 import pytest
 
 from lab.core.errors import BuildError
-from lab.engine.docker_engine import LABEL, Engine
+from lab.engine.docker_client import LABEL
+from lab.engine.docker_engine import Engine
 from lab.scenario.schema import Arch
 
 pytestmark = pytest.mark.docker
