@@ -383,25 +383,23 @@ def _bad_release(result: BisectResult) -> str | None:
     return bad if is_compile_failure(Path(probe.run_dir)) else None
 
 
+def _only_engine(fleet: Fleet | None) -> Engine | None:
+    """The one engine of a bisection that runs on one engine only."""
+    return next(iter(fleet.engines.values())) if fleet is not None and len(fleet.engines) == 1 else None
+
+
 def _local_words(fleet: Fleet | None) -> tuple[str, ...]:
-    """`--engine local` (and `--trust-script`) for the resume command of a local-only bisection."""
-    if fleet is None or set(fleet.engines) != {"local"}:
-        return ()
-    options = getattr(fleet.engine("local"), "options", None)
-    return ("--engine", "local") + (("--trust-script",) if options is not None and options.trust_script else ())
+    """The flags that pick the bisection's one engine again in its resume command (`--engine local`
+    and `--trust-script` for the local engine; nothing for the default Docker engine)."""
+    engine = _only_engine(fleet)
+    return engine.resume_args() if engine is not None else ()
 
 
 def local_python(fleet: Fleet | None) -> str | None:
-    """The Python (X.Y) of a bisection that runs on the local engine only: its venvs are made from the
-    host's Python, whatever the scenario's base image has."""
-    if fleet is None or set(fleet.engines) != {"local"}:
-        return None
-    import os
-
-    from lab.build.localenv import default_python, probe_python
-    engine = fleet.engine("local")
-    python = getattr(engine, "options", None) and engine.options.python or default_python()
-    return ".".join(probe_python(os.path.realpath(python)).version.split(".")[:2])
+    """The Python (X.Y) of a bisection that runs on one engine whose environments are made with a
+    Python of its own (the local engine: the host's), whatever the scenario's base image has."""
+    engine = _only_engine(fleet)
+    return engine.environment_python() if engine is not None else None
 
 
 def _finished(run_dir: Path) -> RunResult | None:

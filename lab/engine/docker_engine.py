@@ -137,6 +137,12 @@ class DockerEngine(DockerImages, DockerContainers, DockerHousekeeping):
         that its builds with the host's network reach a server the lab listens with on 127.0.0.1."""
         return client_on_this_host(self.client)
 
+    def environment_python(self) -> str | None:
+        return None  # the base image's Python
+
+    def resume_args(self) -> tuple[str, ...]:
+        return ()
+
     # --- one case ------------------------------------------------------------
     def check(self, case: Case, events: Events = no_events) -> str | None:
         """A GPU case: the engine answers a test container that requests all GPUs

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from lab.build.hostpip import HostPip
 from lab.build.layout import FREEZE_FILE, LAB_DIR, OUT, OUT_FOLDERS, REPRO_DIR, RUN_UID, TOOLS_DIR, VENV
-from lab.build.localenv import check_system_packages, prepare_local
+from lab.build.localenv import check_system_packages, default_python, prepare_local, probe_python
 from lab.build.render import BuildPlan
 from lab.build.resolve import Case
 from lab.core.errors import EngineError, LabError, NoGpuRuntimeError
@@ -431,6 +431,15 @@ class LocalEngine:
 
     def alive(self) -> bool:
         return True
+
+    def environment_python(self) -> str | None:
+        """X.Y of the Python its venvs are made from (--python, the `local.python` setting, or the
+        default): the host's, whatever the scenario's base image has."""
+        python = self.options.python or default_python()
+        return ".".join(probe_python(os.path.realpath(python)).version.split(".")[:2])
+
+    def resume_args(self) -> tuple[str, ...]:
+        return ("--engine", LOCAL) + (("--trust-script",) if self.options.trust_script else ())
 
     # --- before a run ----------------------------------------------------------
     def check_native(self, arch: Arch, what: str) -> None:

@@ -118,6 +118,16 @@ class Engine(Protocol):
         """A stable ID of this engine (across restarts): keys what the lab caches per engine."""
         ...
 
+    def environment_python(self) -> str | None:
+        """The Python (X.Y) every environment of this engine is made with, whatever a scenario's base
+        image has (the local engine: the host's); None where the base image decides (Docker)."""
+        ...
+
+    def resume_args(self) -> tuple[str, ...]:
+        """The CLI flags that pick this engine again, as configured, in a command the lab prints
+        to resume its work (`--engine local --trust-script`); () for the engine picked by default."""
+        ...
+
     def alive(self) -> bool:
         """Whether it still answers (after a failed run: was it the engine, or the case?). Never raises."""
         ...
