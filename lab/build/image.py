@@ -37,7 +37,7 @@ from lab.build.render import (
     ContextTree,
     image_pip_conf,
     render_dockerfile,
-    split_for_stacking,
+    render_parts,
     system_packages,
     write_context,
     write_site_tar,
@@ -134,7 +134,8 @@ def _build_locked(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Ev
         events("build", line)
 
     try:
-        parts = split_for_stacking(plan.dockerfile) if plan.site_image else None
+        # the lab's own Dockerfile is built in two parts, rendered apart; another (a bundle's) whole
+        parts = render_parts(case) if plan.site_image and plan.dockerfile == render_dockerfile(case) else None
         nets = _sealed_networks(plan, base, parts is not None, events) if plan.sealed is not None else None
         if parts is None:
             site_args, files = _ensure_site_image(plan, engine, events), plan.files

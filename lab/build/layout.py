@@ -21,8 +21,12 @@ REPRO_DIR = f"{LAB_DIR}/repro"                    # the scenario's script and it
 TOOLS_DIR = f"{LAB_DIR}/tools"                    # the lab's in-image runner
 RUNNER = f"{TOOLS_DIR}/lab_run.py"
 FREEZE_FILE = f"{LAB_DIR}/pip-freeze.txt"         # pip freeze of the venv, made at build time
+WHEELS_DIR = f"{LAB_DIR}/wheels"                  # the host's local wheels pip in the image may need
+ETC_DIR = "/etc/lab"                              # the host's CA bundle and the image's pip.conf
+CA_FILE = f"{ETC_DIR}/ca.crt"
 
 VENV = "/opt/venv"                                # the venv the script's `python` is
+VENV_PYTHON = f"{VENV}/bin/python"
 LOCK_FILE = ".lab-lock.txt"                       # inside a cross-installed tree: /opt/venv/.lab-lock.txt
 FREEZE_IN_TREE = ".lab-freeze.txt"                # inside a cross-installed tree: becomes FREEZE_FILE
 
@@ -42,4 +46,4 @@ def template_values() -> dict[str, object]:
     return {"uid": RUN_UID, "user": RUN_USER_NAME, "home": RUN_HOME, "out": OUT,
             "out_folders": [f"{OUT}/{f}" for f in OUT_FOLDERS], "venv": VENV, "freeze": FREEZE_FILE,
             "repro": REPRO_DIR, "tools": TOOLS_DIR, "runner": RUNNER, "lock_file": LOCK_FILE,
-            "freeze_in_tree": FREEZE_IN_TREE}
+            "freeze_in_tree": FREEZE_IN_TREE, "wheels": WHEELS_DIR, "etc": ETC_DIR}

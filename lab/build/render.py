@@ -6,7 +6,7 @@ venv tree cross-installed on the host, `site/`) are covered by the plan's digest
 rebuilds. The site tree can be gigabytes: its digest is computed once, when its cache entry is
 made (lab.crossinstall), and only mixed in here. It does not travel in the case's context. The
 Dockerfile copies it from an image (`COPY --from=site`); the lab itself builds that Dockerfile in
-two parts around that line (`split_for_stacking`), with the tree stacked on the first part's image
+two parts around that line (`render_parts`), with the tree stacked on the first part's image
 as one layer (`write_site_tar` under the venv, `Engine.stack_layer`), so that it is written once.
 """
 
@@ -26,6 +26,7 @@ from typing import BinaryIO
 import jinja2
 
 from lab import __version__
+from lab.build import layout
 from lab.build.crossinstall import (
     FREEZE_FILE,
     VENV_IN_IMAGE,
@@ -47,13 +48,14 @@ from lab.core.resources import RUNNER_NAME, runner_source, template_loader
 from lab.scenario.schema import CONTROL_CHARS, is_debian_package
 
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
-CA_IN_IMAGE = "/etc/lab/ca.crt"
-WHEELS_IN_IMAGE = "/lab/wheels"
-IMAGE_REPO = "torch-repro-lab/case"
-SITE_IMAGE_REPO = "torch-repro-lab/site"  # one image per cross-installed tree, FROM scratch
-RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
+CA_IN_IMAGE = layout.CA_FILE
+WHEELS_IN_IMAGE = layout.WHEELS_DIR
+IMAGE_REPO = layout.IMAGE_REPO
+SITE_IMAGE_REPO = layout.SITE_IMAGE_REPO
+RUNNER_IN_IMAGE = layout.RUNNER
 WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
 SITE_DIR = "site"
+STACK_ARG = "LAB_STACKED"  # the suffix Dockerfile's base: the prefix's image plus the site layer
 CONTEXT_FORMAT = 3  # part of the plan digest: bump when the context's layout changes
 
 
@@ -228,7 +230,6 @@ def dockerfile_fields(case: Case) -> dict[str, object]:
         system_packages=list(system_packages(case)),
         requirements=case.requirements,
         script=scenario.script.name,
-        venv=VENV_IN_IMAGE,
     )
 
 
@@ -253,16 +254,31 @@ def check_fields(fields: dict[str, object], file: str | None = None) -> None:
                                     field="system_packages")
 
 
-def render_template(template: str, fields: dict[str, object], file: str | None = None) -> str:
-    """Check the fields, then render `template` with them."""
+def render_template(template: str, fields: dict[str, object], file: str | None = None, part: str = "whole") -> str:
+    """Check the fields, then render `template` with them and the image layout (lab.build.layout).
+    `part`: the whole Dockerfile, or one of the two parts it is built in when the cross-installed
+    tree is stacked as a layer (`render_parts`)."""
     check_fields(fields, file)
-    return template_environment().get_template(template).render(**fields)
+    return template_environment().get_template(template).render(
+        **fields, layout=layout.template_values(), part=part, stack_arg=STACK_ARG)
 
 
 def render_dockerfile(case: Case) -> str:
     """The Dockerfile for `case`: deterministic, the same bytes for the same case."""
     source = str(case.scenario.source) if case.scenario.source else None
     return render_template(template_for(case), dockerfile_fields(case), source)
+
+
+def render_parts(case: Case) -> tuple[str, str, str]:
+    """The lab's Dockerfile for `case` in the two parts it is built in around the copy of the site
+    image into the venv (`COPY --from=site`): the steps before it (base, system packages, user, CA,
+    the venv), and the steps after it, as a Dockerfile of its own `FROM` an image that is the first
+    part's plus the site layer stacked on it (`Engine.stack_layer`), so the tree is not written a
+    second time by `COPY`. The third part is the folder the tree goes into (the venv)."""
+    source = str(case.scenario.source) if case.scenario.source else None
+    fields = dockerfile_fields(case)
+    return (render_template(template_for(case), fields, source, part="prefix"),
+            render_template(template_for(case), fields, source, part="suffix"), layout.VENV)
 
 
 def image_pip_conf(host: HostPip, *, credentials: bool = False) -> str:
@@ -360,25 +376,6 @@ def write_site_tar(tree: ContextTree, out: BinaryIO, under: str = "") -> str:
     hasher = HashingWriter(out)
     write_tree_tar(tree.root, hasher, under)
     return hasher.hexdigest()
-
-
-STACK_ARG = "LAB_STACKED"  # the suffix Dockerfile's base: the prefix's image plus the site layer
-
-
-def split_for_stacking(dockerfile: str) -> tuple[str, str, str] | None:
-    """The lab's Dockerfile cut where it copies the site image into the venv (`COPY --from=site`):
-    the steps before it (base, system packages, user, CA, the venv), and the steps after it, as a
-    Dockerfile of its own `FROM` an image that is the first part's plus the site layer stacked on it
-    (`Engine.stack_layer`), so the tree is not written a second time by `COPY`. None when the
-    Dockerfile has no such line (a bundle's own, say): then it is built whole. The third part is
-    the folder the tree goes into."""
-    lines = dockerfile.splitlines(keepends=True)
-    at = [i for i, ln in enumerate(lines) if ln.startswith("COPY --from=site / ")]
-    if len(at) != 1:
-        return None
-    prefix = "".join(lines[:at[0]])
-    suffix = f"ARG {STACK_ARG}\nFROM ${{{STACK_ARG}}}\n" + "".join(lines[at[0] + 1:])
-    return prefix, suffix, lines[at[0]].split()[-1].rstrip("/")
 
 
 def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
