@@ -45,6 +45,7 @@ from typing import BinaryIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from lab.build import layout
 from lab.build.hostpip import HostPip
 from lab.build.resolve import Case, base_glibc
 from lab.core.cache import cache_dir, entry_lock
@@ -55,12 +56,12 @@ from lab.core.records import Events, no_events
 from lab.core.scrub import redact_secrets
 
 CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
-VENV_IN_IMAGE = "/opt/venv"
-PYTHON_IN_IMAGE = VENV_IN_IMAGE + "/bin/python"
-LOCK_FILE = ".lab-lock.txt"     # inside the tree: it goes into the image as /opt/venv/.lab-lock.txt
+VENV_IN_IMAGE = layout.VENV
+PYTHON_IN_IMAGE = layout.VENV_PYTHON
+LOCK_FILE = layout.LOCK_FILE     # inside the tree: it goes into the image as /opt/venv/.lab-lock.txt
 # Inside the tree only when it holds everything the case needs: pip freeze, written on the host.
 # The Dockerfile then runs no pip at all (under QEMU even "already satisfied" takes seconds).
-FREEZE_FILE = ".lab-freeze.txt"
+FREEZE_FILE = layout.FREEZE_IN_TREE
 FREEZE_SKIPS = frozenset({"pip", "setuptools", "wheel", "distribute"})  # what pip freeze leaves out
 UV_TIMEOUT_S = 3 * 3600
 SOURCE_DATE_EPOCH = "315532800"  # set => py_compile writes checked-hash .pyc (valid whatever the mtime)

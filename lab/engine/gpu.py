@@ -23,6 +23,7 @@ from typing import BinaryIO
 from lab.build.resolve import Case
 from lab.core.errors import EngineError, NoGpuRuntimeError
 from lab.core.tarwrite import add_bytes, add_dir, stream_tar
+from lab.scenario.bases import DEFAULT_BASE
 from lab.scenario.schema import Arch
 
 TEST_REPO = "torch-repro-lab/gpu-check"  # the lab's test image: `<repo>:<arch>`, one static `true`
@@ -64,7 +65,7 @@ def check(engine, make_image: bool = False) -> GpuCheck:
         if found is None:
             return GpuCheck(None, "not checked: the engine has no image to start a test container from "
                                   f"(the lab's Debian base of {engine.arch.value} would do: "
-                                  f"`lab build-base debian:bookworm --arch {engine.arch.value}`)")
+                                  f"`lab build-base {DEFAULT_BASE} --arch {engine.arch.value}`)")
         ref, command = found
         try:
             ok, answer = engine.try_gpu_request(ref, command)

@@ -61,7 +61,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.build.hostpip import HostPip
-from lab.build.layout import FREEZE_FILE, LAB_DIR, OUT, OUT_FOLDERS, REPRO_DIR, RUN_UID, TOOLS_DIR, VENV
+from lab.build.layout import (
+    FREEZE_FILE,
+    LAB_DIR,
+    OUT,
+    OUT_FOLDERS,
+    REPRO_DIR,
+    RUN_HOME,
+    RUN_UID,
+    RUN_USER_NAME,
+    TOOLS_DIR,
+    VENV,
+)
 from lab.build.localenv import check_system_packages, default_python, prepare_local, probe_python
 from lab.build.render import BuildPlan
 from lab.build.resolve import Case
@@ -231,9 +242,9 @@ def etc_files() -> dict[str, str]:
     lookups from those files (and DNS, where there is network) only."""
     return {
         "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                  f"lab:x:{RUN_UID}:{RUN_UID}:lab:/tmp:/usr/sbin/nologin\n"
+                  f"{RUN_USER_NAME}:x:{RUN_UID}:{RUN_UID}:lab:{RUN_HOME}:/usr/sbin/nologin\n"
                   "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-        "group": f"root:x:0:\nlab:x:{RUN_UID}:\nnogroup:x:65534:\n",
+        "group": f"root:x:0:\n{RUN_USER_NAME}:x:{RUN_UID}:\nnogroup:x:65534:\n",
         "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
         "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
                          "protocols: files\nservices: files\nethers: files\nrpc: files\n",
