@@ -677,7 +677,7 @@ def _cause(stderr: str) -> str:
 
 def uv_binary() -> str:
     try:
-        import uv
+        import uv  # optional: the uv package (pip install uv); else the uv on PATH
         return uv.find_uv_bin()
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")
@@ -695,7 +695,7 @@ def _read_pylock(lock: Path, prefix: Path) -> tuple[Locked, ...]:
     """name==version with the wheel's file name and sha256 from the pylock.toml; from the
     installed .dist-info folders when this Python cannot read TOML."""
     try:
-        import tomllib
+        import tomllib  # optional: Python 3.11's standard library
     except ModuleNotFoundError:  # Python 3.10
         return installed_packages(prefix)
     data = tomllib.loads(lock.read_text())

@@ -26,7 +26,7 @@ from typing import BinaryIO
 import jinja2
 
 from lab import __version__
-from lab.build import layout
+from lab.build import layout, wheelsonly
 from lab.build.crossinstall import (
     FREEZE_FILE,
     VENV_IN_IMAGE,
@@ -40,11 +40,13 @@ from lab.build.crossinstall import (
 )
 from lab.build.hostpip import HostPip, local_wheels
 from lab.build.resolve import Case
+from lab.build.wheelsonly import direct_references
 from lab.core import config
 from lab.core.errors import ScenarioError
 from lab.core.hashing import HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.resources import RUNNER_NAME, runner_source, template_loader
+from lab.core.scrub import redact_secrets
 from lab.scenario.schema import CONTROL_CHARS, is_debian_package
 
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
@@ -412,13 +414,11 @@ def plan_build(case: Case, host: HostPip, events: Events = no_events,
 
 
 def _direct_references(case: Case) -> bool:
-    from lab.build.wheelsonly import direct_references
     return bool(direct_references(case.scenario.pip))
 
 
 def _sealed_files(case: Case, host: HostPip, site: Site, files: tuple[ContextEntry, ...],
                   sealed: Sealed) -> tuple[ContextEntry, ...]:
-    from lab.build import wheelsonly
     missing = wheelsonly.unresolved(site, case.requirements)
     if missing and sealed.source_builds:
         return files  # pip in the image installs them, from the indexes without credentials
@@ -446,7 +446,6 @@ def write_context_folder(folder: Path, plan: BuildPlan) -> None:
     up to gigabytes) stays empty but for a README, so `docker build .` there installs the
     requirements with pip inside the image. No secret of the host is written: lab/pip.conf is
     the image's, without the secret URLs, and the README's notes are redacted."""
-    from lab.core.scrub import redact_secrets
     for f in plan.files:
         if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):
             continue

@@ -10,7 +10,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 
 from lab.core.errors import ScenarioError
 from lab.scenario.bases import DEFAULT_GLIBC, base_glibc, base_python  # noqa: F401 - (re-exported: their old home)
-from lab.scenario.schema import Arch, Scenario, check_version
+from lab.scenario.schema import Arch, Scenario, check_version, parse_deps
 
 BACKENDS = ("eager", "aot_eager", "inductor")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -118,7 +118,6 @@ def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = Non
 
 def check_deps(value: str, option: str = "--deps") -> str:
     """A deps setting from the command line, canonical; a clear error otherwise."""
-    from lab.scenario.schema import parse_deps
     try:
         return parse_deps(value)
     except ValueError as exc:

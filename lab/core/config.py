@@ -32,7 +32,8 @@ from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationErr
 
 from lab.core.arch import Arch
 from lab.core.errors import ConfigError
-from lab.core.scrub import redact_url
+from lab.core.resources import shipped_scenarios_dir
+from lab.core.secreturls import redact_url
 from lab.core.sizes import Size, as_size, to_size
 
 if sys.version_info >= (3, 11):
@@ -209,8 +210,7 @@ class Settings:
 
     def scenario_dirs(self) -> list[ScenarioDir]:
         """Where scenario names are looked up, in order: the project's folder, then the shipped one."""
-        from lab.core.resources import shipped_scenarios_dir
-        shipped = shipped_scenarios_dir()
+        shipped = shipped_scenarios_dir(self.cache_dir)
         project = self.values["scenarios_dir"]
         if project is None:
             project = _find_upward(self.cwd, "scenarios", is_dir=True, stop=self.project_root())

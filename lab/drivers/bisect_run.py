@@ -14,16 +14,19 @@ from __future__ import annotations
 import shlex
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from lab.build import releases
+from lab.build import era, releases
 from lab.build.casekey import content_key
+from lab.build.crossinstall import target_for
 from lab.build.hostpip import HostPip
 from lab.build.resolve import base_python, parse_arch, resolve
 from lab.cache_policy import inventory as cache_policy
+from lab.compare.diff import compare_runs
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
 from lab.core.results import (
@@ -31,6 +34,7 @@ from lab.core.results import (
     FOUND,
     RESULT_NAME,
     SKIP,
+    BlameStep,
     FailureSignature,
     FailureSignatures,
     Record,
@@ -40,13 +44,17 @@ from lab.core.results import (
     read_result,
 )
 from lab.drivers.bisect import BisectResult, Probe, bisect
+from lab.drivers.bisect_report import write_bisect_report
+from lab.drivers.blame import blame_boundary
+from lab.drivers.localize import is_compile_failure
+from lab.drivers.localize import localize as localize_case
 from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
+from lab.engine.gpu import cpu_variant_hint
 from lab.engine.protocol import Engine
 from lab.engine.routing import Fleet, NoEngineError
+from lab.pipeline import RunCase
+from lab.pipeline import run_case as production
 from lab.scenario.schema import Scenario
-
-if TYPE_CHECKING:
-    from lab.pipeline import RunCase
 
 
 class Releases(Protocol):
@@ -140,14 +148,11 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
     into `<folder>/localize/`. With `blame` (the default), the boundary pair is rebuilt with each
     other's and its own era's dependencies (lab.drivers.blame, runs under `<folder>/blame/`) to name
     the package that flips the verdict, or torch alone."""
-    from lab.drivers.bisect_report import write_bisect_report
     if run_case is None:
-        from lab.pipeline import run_case as production
         run_case = production
 
     arch = choose_arch(scenario, arch)
     if scenario.gpu and fleet is not None:  # stop before any build where no engine gives the GPUs
-        from lab.engine.gpu import cpu_variant_hint
         fleet.routes(arch, True, f"a bisection of {scenario.name}",
                      cpu_variant_hint(scenario.cpu_variant).strip() or None)
     found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre,
@@ -271,7 +276,6 @@ def run_bisect(scenario: Scenario, scenario_ref: str, old: str, new: str, arch: 
         result = result.model_copy(update={"blame_summary": "not run (--no-blame)"})
     bad = _bad_release(result) if localize else None
     if bad is not None:
-        from lab.drivers.localize import localize as localize_case
         case = resolve(scenario, torch=bad, arch=arch, sets=sets)
         where = folder / "localize"
 
@@ -292,12 +296,7 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
            engine: Engine | None, fleet: Fleet | None, run_case: RunCase, events: Events, keep_images: bool,
            failed_differently: str) -> dict:
     """lab.drivers.blame with real runs (under `<folder>/blame/`, reused while their content key holds)."""
-    import time
 
-    from lab.build import era
-    from lab.build.crossinstall import target_for
-    from lab.core.results import BlameStep
-    from lab.drivers.blame import blame_boundary
     where = folder / "blame"
     steps = {p.version: p for p in result.steps}
 
@@ -355,7 +354,6 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
 def at_the_boundary(result: BisectResult) -> BisectResult:
     """The result with its boundary pinned to source and `lab compare`'s summary of the boundary pair
     (left out, with a note, when the pair cannot be compared)."""
-    from lab.compare.diff import compare_runs
     if result.status not in (FOUND, AMBIGUOUS) or not result.last_old or not result.first_new:
         return result
     steps = {p.version: p for p in result.steps}
@@ -373,7 +371,6 @@ def at_the_boundary(result: BisectResult) -> BisectResult:
 
 def _bad_release(result: BisectResult) -> str | None:
     """The boundary release that reproduces, when its failure came from the compiler stack."""
-    from lab.drivers.localize import is_compile_failure
     if result.status != FOUND:
         return None
     bad = result.first_new if result.to_verdict == "reproduced" else result.last_old

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from lab.core.cache import cache_root
 from lab.core.errors import EngineError
 from lab.engine.docker_client import context_address, current_address, env_tls, socket_on_this_host
 from lab.engine.docker_engine import DockerEngine
@@ -202,7 +203,6 @@ def describe(spec: EngineSpec, engine: Engine | None = None) -> EngineFacts:
 def describe_local(spec: EngineSpec, engine: LocalEngine | None = None) -> EngineFacts:
     """The local engine's facts: this host's arch (and no other: it never emulates), CPUs, memory,
     NVIDIA devices, free disk under the cache folder, and its confinement."""
-    from lab.core.cache import cache_root
     engine = engine or LocalEngine(spec.options if isinstance(spec.options, LocalOptions) else None)
     try:
         arch = engine.arch.value

@@ -183,7 +183,7 @@ def host_libc() -> str:
 
 def _user_name() -> str:
     try:
-        import pwd
+        import pwd  # optional: POSIX only
         return pwd.getpwuid(os.getuid()).pw_name
     except (KeyError, ImportError):
         return f"uid {os.getuid()}"

@@ -39,7 +39,9 @@ from pydantic import (
 )
 
 from lab.core.arch import Arch
+from lab.core.config import current
 from lab.core.errors import ScenarioError
+from lab.core.resources import shipped_scenarios_dir
 from lab.core.results import FailureSignature
 from lab.core.runtimes import RUNTIME_FAMILIES
 from lab.core.sizes import parse_size  # the one size grammar (lab.core.sizes)
@@ -1017,8 +1019,7 @@ def _from_validation(exc: ValidationError, lines: Mapping[_Path, int], file: str
 def default_scenarios_dir() -> Path:
     """The shipped scenarios (package data, lab.scenarios). The CLI searches the project's
     `scenarios/` first (lab.config); library calls without a folder use this one."""
-    from lab.core.resources import shipped_scenarios_dir
-    return shipped_scenarios_dir()
+    return shipped_scenarios_dir(current().cache_dir)
 
 
 SCENARIOS_DIR: Path = default_scenarios_dir()
