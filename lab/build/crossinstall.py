@@ -33,11 +33,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
@@ -51,9 +50,10 @@ from lab.build.resolve import Case, base_glibc
 from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import LabError
-from lab.core.hashing import CountingWriter, HashingReader, HashingWriter
+from lab.core.hashing import CountingWriter, HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.scrub import redact_secrets
+from lab.core.tarwrite import TreeEntry, tar_info, write_tree  # noqa: F401 - (tar_info: re-exported)
 
 CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
 VENV_IN_IMAGE = layout.VENV
@@ -454,18 +454,6 @@ def _fix_record(record: Path, changed: Mapping[Path, bytes]) -> None:
 
 
 # --- the tree: entries, digest --------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class TreeEntry:
-    """One entry of a context tree, with the metadata the build-context tar keeps."""
-
-    path: str                 # relative, "/"-separated
-    kind: str                 # "dir" | "file" | "symlink"
-    mode: int                 # 0o755 or 0o644: only the executable bit survives
-    size: int = 0
-    link: str = ""            # a symlink's target (relative, inside the tree)
-    source: Path = field(default=Path())
-
-
 def walk_tree(root: Path) -> Iterator[TreeEntry]:
     """Every entry under `root`, sorted by path. Symlinks stay symlinks when they point inside
     the tree; one that points outside is refused (the image would not have its target)."""
@@ -520,38 +508,12 @@ def tree_digest(root: Path, under: str = VENV_IN_IMAGE) -> tuple[str, int, int, 
     return sha.hexdigest(), counts[0], counts[1], LayerDigest(under.strip("/"), layer.hexdigest(), layer.size)
 
 
-def tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
-    """A tar entry with normalised metadata: owner root, no names, mtime 0."""
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
 def write_tree_tar(root: Path | None, out: BinaryIO, under: str = "",
                    seen: Callable[[TreeEntry, str], None] | None = None) -> None:
     """The tree as a tar, streamed file by file, sorted, with normalised metadata: at the root, or
     `under` a folder (with the folders above it, as an image has them). `seen` gets each entry and
-    its content's SHA-256 (a symlink: its target), hashed while the tar reads it."""
-    prefix = under.strip("/") + "/" if under.strip("/") else ""
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        parts = prefix.rstrip("/").split("/") if prefix else []
-        for i in range(len(parts)):
-            tar.addfile(tar_info("/".join(parts[:i + 1]), tarfile.DIRTYPE, 0o755))
-        for e in walk_tree(root) if root is not None else ():
-            name, content = prefix + e.path, e.link
-            if e.kind == "dir":
-                tar.addfile(tar_info(name, tarfile.DIRTYPE, e.mode))
-            elif e.kind == "symlink":
-                tar.addfile(tar_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
-            else:
-                with e.source.open("rb") as fh:
-                    reader = HashingReader(fh)
-                    tar.addfile(tar_info(name, tarfile.REGTYPE, e.mode, e.size), reader)
-                content = reader.hexdigest()
-            if seen is not None:
-                seen(e, content)
+    its content's SHA-256 (a symlink: its target), hashed while the tar reads it (lab.core.tarwrite)."""
+    write_tree(walk_tree(root) if root is not None else (), out, under, seen)
 
 
 def _quick_stat(root: Path) -> tuple[int, int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import re
 import shlex
@@ -35,7 +34,6 @@ from lab.build.crossinstall import (
     install_with_uv,
     no_site,
     prepare_site,
-    tar_info,
     write_tree_tar,
 )
 from lab.build.hostpip import HostPip, local_wheels
@@ -47,6 +45,7 @@ from lab.core.hashing import HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.resources import RUNNER_NAME, runner_source, template_loader
 from lab.core.scrub import redact_secrets
+from lab.core.tarwrite import add_bytes, add_dir, add_file, stream_tar
 from lab.scenario.schema import CONTROL_CHARS, is_debian_package
 
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
@@ -205,6 +204,9 @@ def template_environment() -> jinja2.Environment:
     env.filters["json"] = json.dumps
     env.filters["label"] = dockerfile_quote
     env.filters["word"] = dockerfile_word
+    # every template is rendered with the image layout (lab.build.layout), and as a whole
+    # Dockerfile unless a `part` is asked for (render_parts)
+    env.globals.update(layout=layout.template_values(), stack_arg=STACK_ARG, part="whole")
     return env
 
 
@@ -261,8 +263,7 @@ def render_template(template: str, fields: dict[str, object], file: str | None =
     `part`: the whole Dockerfile, or one of the two parts it is built in when the cross-installed
     tree is stacked as a layer (`render_parts`)."""
     check_fields(fields, file)
-    return template_environment().get_template(template).render(
-        **fields, layout=layout.template_values(), part=part, stack_arg=STACK_ARG)
+    return template_environment().get_template(template).render(**fields, part=part)
 
 
 def render_dockerfile(case: Case) -> str:
@@ -357,17 +358,14 @@ def write_context(files: tuple[ContextEntry, ...], out: BinaryIO) -> str:
     """Write the context as a tar with sorted entries and normalised metadata (owner root,
     mtime 0, mode 0644 or 0755); return the tar's sha256."""
     hasher = HashingWriter(out)
-    with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with stream_tar(hasher) as tar:
         for f in files:
             if isinstance(f, ContextTree):
                 _add_tree(tar, f)
-                continue
-            info = tar_info(f.arcname, tarfile.REGTYPE, 0o644, f.size())
-            if f.data is not None:
-                tar.addfile(info, io.BytesIO(f.data))
+            elif f.data is not None:
+                add_bytes(tar, f.arcname, f.data)
             else:
-                with f.source.open("rb") as fh:  # type: ignore[union-attr]
-                    tar.addfile(info, fh)
+                add_file(tar, f.arcname, f.source, f.size())  # type: ignore[arg-type]
     return hasher.hexdigest()
 
 
@@ -383,7 +381,7 @@ def write_site_tar(tree: ContextTree, out: BinaryIO, under: str = "") -> str:
 def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
     """The tree's folder only: an old Dockerfile's `COPY site/` then finds it empty. Its content
     goes into the site image (`write_site_tar`)."""
-    tar.addfile(tar_info(tree.arcname, tarfile.DIRTYPE, 0o755))
+    add_dir(tar, tree.arcname)
 
 
 def plan_build(case: Case, host: HostPip, events: Events = no_events,
