@@ -11,9 +11,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.build import nativeperl, nativepython, nativeunpack
+from lab.build.base import bootstrap_tag, debian_suite
 from lab.build.hostpip import discover
 from lab.build.resolve import host_arch
+from lab.cache_policy.inventory import last_count
+from lab.cache_policy.policy import default_cap
+from lab.core.arch import Arch
+from lab.core.config import current
 from lab.core.errors import EngineError
+from lab.engine import gpu
+from lab.engine.docker_engine import Engine
+from lab.engine.local_engine import probe_bwrap
+from lab.scenario.bases import DEFAULT_BASE
 
 MIN_FREE_GIB = 20
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
@@ -51,7 +61,6 @@ def run_checks(runs_root: Path) -> list[Check]:
 
 
 def _engine():
-    from lab.engine.docker_engine import Engine
     try:
         engine = Engine.connect()
     except EngineError as err:
@@ -90,16 +99,14 @@ def _binfmt(engine) -> Check:
 
 def _binfmt_through_engine(engine) -> Check:
     """Inside a container binfmt_misc is not visible: ask the engine to run an arm64 image."""
-    from lab.build.base import bootstrap_tag
-    from lab.core.arch import Arch
-    tag = bootstrap_tag("bookworm", Arch.ARM64)
+    tag = bootstrap_tag(str(debian_suite(DEFAULT_BASE)), Arch.ARM64)
     if engine is not None and not engine.image_id(tag, Arch.ARM64):
         # a base bootstrapped with some case's packages runs aarch64 programs just as well
         tag = next(iter(engine.image_tags(tag + "-*")), tag)
     if engine is None or not engine.image_id(tag, Arch.ARM64):
         return Check("arm64 emulation", "warn",
                      "cannot see binfmt_misc from inside this container, and no arm64 image to probe with",
-                     "run `lab doctor` on the host, or `lab build-base debian:bookworm --arch arm64` first")
+                     f"run `lab doctor` on the host, or `lab build-base {DEFAULT_BASE} --arch arm64` first")
     code, output = engine.output_of(tag, ["uname", "-m"], Arch.ARM64, 120, {})
     if code != 0 or output.strip() != "aarch64":
         return Check("arm64 emulation", "fail",
@@ -186,7 +193,6 @@ def _gpu(engine) -> Check:
     `--gpus all`), from an image already on the engine; none there: say what was not checked."""
     if engine is None:
         return Check("GPU runtime", "warn", "unknown: no engine")
-    from lab.engine import gpu
     answer = gpu.check(engine)
     if answer.ok:
         return Check("GPU runtime", "ok", f"{answer.answer}, with {gpu.REQUEST_WORDS}: gpu scenarios can run")
@@ -195,7 +201,7 @@ def _gpu(engine) -> Check:
         return Check("GPU runtime", "warn",
                      f"whether containers get the GPUs was {answer.answer}; the engine lists the runtimes "
                      f"{runtimes}. `lab run` of a gpu scenario asks the engine itself before it builds",
-                     f"make an image and ask again: `lab build-base debian:bookworm --arch {engine.arch.value}`, "
+                     f"make an image and ask again: `lab build-base {DEFAULT_BASE} --arch {engine.arch.value}`, "
                      "then `lab doctor`")
     return Check("GPU runtime", "warn",
                  f"the engine refused a test container with {gpu.REQUEST_WORDS}: {answer.answer} (runtimes: "
@@ -206,9 +212,6 @@ def _gpu(engine) -> Check:
 def _disk(runs_root: Path, engine=None) -> Check:
     """Free space where runs, the cache and (on a local engine) Docker's images live; the cache's
     size at its last count against its cap (`lab cache info` counts it now)."""
-    from lab.cache_policy.inventory import last_count
-    from lab.cache_policy.policy import default_cap
-    from lab.core.config import current
     where = runs_root if runs_root.exists() else Path.cwd()
     cache = current().cache_dir
     try:
@@ -251,16 +254,14 @@ def _ca_bundle() -> Check:
 
 def _bootstrap() -> Check:
     if shutil.which("mmdebstrap") or shutil.which("debootstrap"):
-        from lab.build.nativeunpack import static_busybox
         helpers = "dpkg's unpacking helpers and the scripts' grep -F"
-        native = (f"; an emulated bootstrap runs {helpers} natively (static busybox)" if static_busybox() else
+        busybox = nativeunpack.static_busybox()
+        native = (f"; an emulated bootstrap runs {helpers} natively (static busybox)" if busybox else
                   f"; install busybox-static and an emulated bootstrap runs {helpers} natively")
-        from lab.build.nativepython import host_pythons
-        pythons = ", ".join(p.name for p in host_pythons())
+        pythons = ", ".join(p.name for p in nativepython.host_pythons())
         if pythons:
             native += f"; its byte-compilation runs on the host's {pythons} (for an image's Python of the same version)"
-        from lab.build.nativeperl import host_perl
-        if host_perl() is not None:
+        if nativeperl.host_perl() is not None:
             native += "; its maintainer scripts' Perl on the host's perl (for an image's perl-base of the same version)"
         return Check("Debian bootstrap", "ok", "mmdebstrap can build Debian bases when no registry answers" + native)
     return Check("Debian bootstrap", "warn",
@@ -270,8 +271,6 @@ def _bootstrap() -> Check:
 
 def _local() -> Check:
     """The local engine (`--engine local`): whether bubblewrap can confine scripts on this host."""
-    from lab.core.config import current
-    from lab.engine.local_engine import probe_bwrap
     c = probe_bwrap(current()["local.bwrap"])
     if c.confined:
         return Check("local engine", "ok", f"bubblewrap {c.version} confines scripts run with `--engine local`",

@@ -4,41 +4,34 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from lab.analyze.dynamo import Diagnostics, load_diagnostics
 from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.analyze.torchbuild import parse_version_file
-from lab.build import era
-from lab.build.base import ensure_base
+from lab.build import era, layout
 from lab.build.casekey import content_key
-from lab.build.crossinstall import VENV_IN_IMAGE, install_with_uv
+from lab.build.crossinstall import install_with_uv
 from lab.build.hostpip import HostPip
-from lab.build.image import build_image
-from lab.build.localenv import check_system_packages, prepare_local
-from lab.build.render import RUNNER_IN_IMAGE, BuildPlan, plan_build, system_packages, write_context_folder
+from lab.build.render import BuildPlan, plan_build, write_context_folder
 from lab.build.resolve import Case, base_python
 from lab.cache_policy import inventory as cache_policy
 from lab.core.arch import with_emulated_env
+from lab.core.background import beside, timed
 from lab.core.cache import cache_dir
-from lab.core.errors import BuildError, LabError, NoGpuRuntimeError, ScenarioError
-from lab.core.records import Events, RawRun, RunLimits, no_events
-from lab.core.results import LocalRef, RunResult, StageTimes, TorchBuild
+from lab.core.errors import BuildError, LabError, ScenarioError
+from lab.core.records import BuiltImage, Events, RawRun, RunLimits, no_events
+from lab.core.results import RunResult, StageTimes, TorchBuild
 from lab.core.runmarker import mark_run
-from lab.engine import gpu
-from lab.engine.docker_engine import Engine
+from lab.engine.protocol import Engine, ImageRef, Pending, nothing_pending
 from lab.history.index import record_run
 from lab.report import run_folder as report
-
-R = TypeVar("R")
 
 LD_DEBUG = "libs,files"
 DEPS_LOCK = "deps.lock"  # an era's or a date's resolution: what uv pinned, with the cut
@@ -69,30 +62,10 @@ class RunCase(Protocol):
                  plan: BuildPlan | None = None) -> RunOutcome: ...
 
 
-def is_local(engine) -> bool:
-    """Whether `engine` is the local engine (this host, no container: lab.engine.local_engine)."""
-    return getattr(engine, "kind", "docker") == "local"
-
-
-def check_gpu(case: Case, engine: Engine) -> None:
-    """Refuse a GPU scenario before its build where it cannot get the GPUs. On Docker the engine
-    answers a test container that requests them all (lab.engine.gpu), so what stops the run is the
-    engine's own refusal; the local engine needs the NVIDIA device nodes."""
-    if not case.scenario.gpu:
-        return
-    variant = case.scenario.cpu_variant
-    if is_local(engine):
-        if not engine.has_gpu_runtime():
-            hint = (f"Run its CPU variant instead: `lab run {variant}`." if variant else
-                    "Run it on an engine with the NVIDIA container runtime (see `lab doctor`).")
-            raise NoGpuRuntimeError(f"{case.scenario.name} needs a GPU, and this host has no NVIDIA device "
-                                    "(/dev/nvidiactl, /dev/nvidia0).", hint=hint)
-        return
-    answer = gpu.check(engine, make_image=True)
-    if answer.ok is None and not engine.has_gpu_runtime():  # no test container could be started
-        answer = replace(answer, ok=False, answer=f"{answer.answer}; and it lists no nvidia runtime")
-    if answer.ok is False:
-        raise gpu.refusal(case.scenario.name, engine, answer, variant)
+def plan_for(case: Case, engine: Engine, host: HostPip, events: Events = no_events) -> BuildPlan:
+    """The case's BuildPlan as `engine` needs it: with the requirements cross-installed on the host
+    where the engine puts them into its image as a layer (`cross_installs`), else as a record only."""
+    return plan_build(case, host, events, installer=install_with_uv if engine.cross_installs else None)
 
 
 def run_limits(case: Case, allow_network: bool = False) -> RunLimits:
@@ -120,9 +93,8 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     unchanged. `diagnose=None` (the default) runs it only when the run calls for it: an exception
     from the compiler stack, or an expectation that needs it (graph_breaks); True always, False never.
     """
-    check_gpu(case, engine)
+    system = engine.check(case, events)  # what this engine refuses (GPU, arch, confinement, packages)
     limits = run_limits(case, allow_network)
-    system = check_local(case, engine, events) if is_local(engine) else None
     with cache_policy.lease():  # what this run uses is not evicted while it runs
         outcome = _run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
                             compile_debug=compile_debug, collect_env=collect_env, plan=plan, limits=limits,
@@ -131,34 +103,21 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     return outcome
 
 
-def check_local(case: Case, engine, events: Events = no_events) -> str:
-    """What the local engine refuses before anything is made: another arch, a script it cannot
-    confine (without --trust-script), system packages the host lacks. Returns where the system
-    packages came from, in words."""
-    engine.check_native(case.arch, case.name)
-    engine.check_confinement()
-    return check_system_packages(case, events)
-
-
 def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events: Events, *,
               run_dir: Path | None, diagnose: bool | None, compile_debug: bool, collect_env: bool,
               plan: BuildPlan | None, limits: RunLimits, system: str | None = None) -> RunOutcome:
     clock = _Clock()
-    local = is_local(engine)
     content = content_key(case)  # before anything is made: an edit of the script during the run is not this run
     case, depset = era.apply(case, host, events)  # `era` or a date: pinned on the host before the build
-    base_ready = None
+    ready: Pending | None = None
     if plan is None:
-        if not local:  # the base (a bootstrap under QEMU takes minutes) is made while uv works on the host
-            base_ready = _beside(partial(_timed, ensure_base, engine, case.scenario.base, case.arch, events,
-                                         system_packages(case)))
-        with clock("site"):  # the local engine needs the Dockerfile and context only as a record
+        ready = engine.begin(case, events)  # (Docker: the base, made while uv works on the host)
+        with clock("site"):
             try:
-                plan = plan_build(case, host, events, installer=None if local else install_with_uv)
+                plan = plan_for(case, engine, host, events)
             except Exception:  # (Ctrl-C stops at once: mmdebstrap gets the same signal)
-                if base_ready is not None:  # no bootstrap is left running behind the error
-                    with contextlib.suppress(Exception):
-                        base_ready()
+                with contextlib.suppress(Exception):  # nothing started ahead is left running behind the error
+                    ready()
                 raise
     if plan.site is not None and plan.site.root is not None:
         cache_policy.note_use(paths=(plan.site.root,))
@@ -171,44 +130,32 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     if depset is not None:
         (run_dir / DEPS_LOCK).write_text(depset.lock_text(case.torch))
     report.write_scenario(run_dir, case, None)
-    emulated = case.arch != engine.arch
+    emulated = case.arch not in engine.native_arches
     record = dict(case=case, run_dir=run_dir, engine_version=engine.version, engine_name=engine.name,
-                  host_arch=engine.arch.uname, emulated=emulated, started=started,
-                  engine_kind="local" if local else "docker",
+                  host_arch=engine.arch.uname, emulated=emulated, started=started, engine_kind=engine.kind,
                   content=content, depset=depset)
     try:
         try:
             with clock("build"):
-                if local:
-                    image = prepare_local(case, host, run_dir, python_env=engine.options.python_env,
-                                          python=engine.options.python, gpu=case.scenario.gpu, events=events,
-                                          log=run_dir / "build.log")
-                else:
-                    base_s = base_ready()[1] if base_ready is not None else 0.0
-                    image = build_image(plan, engine, host, events, run_dir / "build.log")
-                    image = replace(image, base_seconds=image.base_seconds + base_s)
+                image = engine.prepare(case, plan, host, run_dir, events, ready=ready or nothing_pending)
         except BuildError as err:
             judgement = build_failed(err.message)
             rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None,
                                    timings=clock.times(), **record)
             return RunOutcome(run_dir, report.write_results(rec), judgement)
         clock.spent["base"] = image.base_seconds
-        if image.local is not None:
-            record["local"] = _local_ref(engine, image, limits, system or "")
-            if image.local.kind == "venv":
-                cache_policy.note_use(paths=(Path(image.local.where),))
-                cache_policy.note_wheels_used(Path(image.local.where))
-        else:
-            cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
-        report.write_scenario(run_dir, case, None if local else image.base)
-        _save_freeze(engine, _image_ref(image), run_dir)
-        torch_build = read_torch_build(engine, _image_ref(image), case)
+        if (where := engine.describe(image, limits, system)) is not None:
+            record["local"] = where
+        _note_use(image)
+        report.write_scenario(run_dir, case, image.recorded_base)
+        _save_freeze(engine, image.ref, run_dir)
+        torch_build = read_torch_build(engine, image.ref, case)
         collected_beside = None
         if collect_env and emulated:  # the emulated script keeps one core busy: collect_env takes the other
-            collected_beside = _beside(partial(_collect_env, engine, image, case, events, background=True))
+            collected_beside = beside(partial(_collect_env, engine, image, case, events, background=True))
         try:
             with clock("run"):
-                raw = _run_script(case, engine, _image_ref(image), run_dir, events, limits)
+                raw = _run_script(case, engine, image.ref, run_dir, events, limits)
         except Exception:
             if collected_beside is not None:  # its container is not left running behind the error
                 with contextlib.suppress(Exception):
@@ -220,7 +167,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         run_it, why = diagnose_decision(diagnose, compile_debug, case, evidence)
         if run_it:
             with clock("diagnose"):
-                diagnostics = _diagnose(case, engine, _image_ref(image), run_dir, events, limits, compile_debug)
+                diagnostics = _diagnose(case, engine, image.ref, run_dir, events, limits, compile_debug)
         else:
             events("diagnose", f"not run: {why}")
         collected = None
@@ -229,8 +176,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
                 collected = collected_beside() if collected_beside else _collect_env(engine, image, case, events)
         judgement = judge(evidence, case.scenario.expect, read_text(raw.stdout_path),
                           read_text(raw.stderr_path), diagnostics, script=case.scenario.script.name)
-        rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image,
-                               base=None if local else image.base,
+        rec = report.RunRecord(judgement=judgement, evidence=evidence, image=image, base=image.recorded_base,
                                collect_env=collected, diagnostics=diagnostics,
                                diagnose=("ran: " if run_it else "not run: ") + why,
                                timings=clock.times(), torch_build=torch_build, **record)
@@ -246,19 +192,13 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
             logging.getLogger("lab").warning(note)
 
 
-def _image_ref(image):
-    """What the engine runs: the image's tag, or the local engine's environment."""
-    local = getattr(image, "local", None)
-    return local if local is not None else image.tag
-
-
-def _local_ref(engine, image, limits: RunLimits, system: str) -> LocalRef:
-    from lab.engine.local_engine import host_libc, host_os
-    env = image.local
-    confinement = engine.confinement
-    return LocalRef(os=host_os(), libc=host_libc(), python=env.python_version, python_env=env.kind,
-                    environment=env.where, system_packages=system, confined=confinement.confined,
-                    confinement=confinement.words(limits.network))
+def _note_use(image: BuiltImage) -> None:
+    """Tell the cache policy what this run used: the image and its base, or the local engine's venv."""
+    if image.local is None:
+        cache_policy.note_use(image_ids=(image.image_id, image.base.image_id))
+    elif image.local.kind == "venv":
+        cache_policy.note_use(paths=(Path(image.local.where),))
+        cache_policy.note_wheels_used(Path(image.local.where))
 
 
 class _Clock:
@@ -312,20 +252,20 @@ def diagnose_decision(asked: bool | None, compile_debug: bool, case: Case, evide
 
 def _command(case: Case, through_runner: bool) -> list[str]:
     script = [case.scenario.script.name, *case.scenario.args]
-    return ["python", RUNNER_IN_IMAGE, *script] if through_runner else ["python", *script]
+    return ["python", layout.RUNNER, *script] if through_runner else ["python", *script]
 
 
 def emulated_env(env: dict[str, str], case: Case, engine: Engine) -> dict[str, str]:
     """`env` with lab.core.arch.EMULATED_ENV's defaults when `engine` emulates the case's arch."""
-    return with_emulated_env(env, case.arch != engine.arch)
+    return with_emulated_env(env, case.arch not in engine.native_arches)
 
 
-def _run_script(case: Case, engine: Engine, tag, run_dir: Path, events: Events, limits: RunLimits):
+def _run_script(case: Case, engine: Engine, tag: ImageRef, run_dir: Path, events: Events, limits: RunLimits):
     env = emulated_env(case.run_env(), case, engine)
-    env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": "/out/ld/ld"})
+    env.update({"LD_DEBUG": LD_DEBUG, "LD_DEBUG_OUTPUT": layout.LOADER_LOG})
     command = _command(case, through_runner=case.hooked)
     events("run", f"running {' '.join(command)} (timeout {case.scenario.timeout} s, {limits.describe()}"
-                  f"{', emulated' if case.arch != engine.arch else ''})")
+                  f"{', emulated' if case.arch not in engine.native_arches else ''})")
     raw = engine.run(tag, command, env, out_dir=run_dir / "out", logs_dir=run_dir, arch=case.arch,
                      timeout=case.scenario.timeout, labels={"org.torch-repro-lab.case": case.name},
                      events=events, limits=limits)
@@ -339,16 +279,16 @@ def _output_events(raw: RawRun, events: Events, stage: str) -> None:
         events(stage, line)
 
 
-def _diagnose(case: Case, engine: Engine, tag, run_dir: Path, events: Events, limits: RunLimits,
+def _diagnose(case: Case, engine: Engine, tag: ImageRef, run_dir: Path, events: Events, limits: RunLimits,
               compile_debug: bool = False) -> Diagnostics:
     """What the torch.compile FAQ says to collect: explain's graph breaks, recompile reasons,
     compile time by phase, and a TORCH_TRACE folder (for tlparse); with `compile_debug`, also
     TORCH_COMPILE_DEBUG=1's folder."""
     folder = run_dir / "diagnose"
     env = emulated_env(case.run_env(), case, engine)
-    env.update({"LAB_DIAG_DIR": "/out/diag", "TORCH_TRACE": "/out/trace", "TORCH_LOGS": "recompiles"})
+    env.update({"LAB_DIAG_DIR": layout.DIAG_DIR, "TORCH_TRACE": layout.TRACE_DIR, "TORCH_LOGS": "recompiles"})
     if compile_debug:
-        env.update({"TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": "/out/compile_debug"})
+        env.update({"TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": layout.COMPILE_DEBUG_DIR})
     events("diagnose", "explain, recompiles, compile times and TORCH_TRACE (a second run of the script)")
     raw = engine.run(tag, _command(case, through_runner=True), env, out_dir=folder, logs_dir=folder,
                      arch=case.arch, timeout=case.scenario.timeout,
@@ -367,35 +307,11 @@ def _diagnose(case: Case, engine: Engine, tag, run_dir: Path, events: Events, li
     return replace(diagnostics, notes=(*diagnostics.notes, *notes)) if notes else diagnostics
 
 
-def _timed(fn: Callable[..., R], *args) -> tuple[R, float]:
-    started = time.monotonic()
-    return fn(*args), time.monotonic() - started
+_timed = timed    # (the names tests and older callers use)
+_beside = beside
 
 
-def _beside(fn: Callable[[], R]) -> Callable[[], R]:
-    """Start `fn` in a thread now; the function returned waits for its answer (or raises its error).
-    The thread is a daemon: a run stopped by Ctrl-C does not wait for it."""
-    done: list = []
-
-    def work() -> None:
-        try:
-            done.append((True, fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            done.append((False, exc))
-
-    thread = threading.Thread(target=work, daemon=True, name="lab-beside")
-    thread.start()
-
-    def answer() -> R:
-        thread.join()
-        ok, value = done[0]
-        if not ok:
-            raise value
-        return value
-    return answer
-
-
-def _collect_env(engine: Engine, image, case: Case, events: Events, background: bool = False) -> str:
+def _collect_env(engine: Engine, image: BuiltImage, case: Case, events: Events, background: bool = False) -> str:
     """`python -m torch.utils.collect_env` in the image. Its answer depends only on the image and the
     engine's host, so it is kept per (engine, image ID): a warm run of a cached image reads it back.
     `background`: beside an emulated script, at the lowest CPU weight. Emulated, the script uses one
@@ -410,10 +326,10 @@ def _collect_env(engine: Engine, image, case: Case, events: Events, background: 
     except OSError:
         pass
     events("collect_env", "python -m torch.utils.collect_env")
-    code, output = engine.output_of(_image_ref(image), ["python", "-m", "torch.utils.collect_env"], case.arch,
+    code, output = engine.output_of(image.ref, ["python", "-m", "torch.utils.collect_env"], case.arch,
                                     COLLECT_ENV_TIMEOUT_S, {"org.torch-repro-lab.case": case.name},
                                     background=background, env=emulated_env({}, case, engine),
-                                    **({"gpus": True} if case.scenario.gpu and not is_local(engine) else {}))
+                                    gpus=case.scenario.gpu)
     if code != 0:
         return f"Could not collect (exit {code}):\n{output}"
     try:
@@ -428,25 +344,25 @@ def _collect_env(engine: Engine, image, case: Case, events: Events, background: 
 _PYTHONS = ("3.11", "3.12", "3.10", "3.13", "3.9", "3.8", "3.14")
 
 
-def read_torch_build(engine: Engine, tag: str, case: Case) -> TorchBuild | None:
+def read_torch_build(engine: Engine, tag: ImageRef, case: Case) -> TorchBuild | None:
     """torch/version.py of the image's venv (release, git commit, CUDA), read without starting a
     container; None when the image has no torch there."""
     data = read_torch_file(engine, tag, case, "torch/version.py")
     return None if data is None else parse_version_file(data.decode("utf-8", "replace"))
 
 
-def read_torch_file(engine: Engine, tag: str, case: Case, relpath: str) -> bytes | None:
+def read_torch_file(engine: Engine, tag: ImageRef, case: Case, relpath: str) -> bytes | None:
     """A file of the image's venv site-packages (`torch/version.py`), or None when it is absent. The
     base's Python is known for Debian and Ubuntu bases; otherwise the usual ones are tried."""
     known = base_python(case.scenario.base)
     for python in (known,) if known else _PYTHONS:
-        data = engine.read_file(tag, f"{VENV_IN_IMAGE}/lib/python{python}/site-packages/{relpath}")
+        data = engine.read_file(tag, layout.site_file(python, relpath))
         if data is not None:
             return data
     return None
 
 
-def _save_freeze(engine: Engine, tag, run_dir: Path) -> None:
-    data = engine.read_file(tag, "/lab/pip-freeze.txt")
+def _save_freeze(engine: Engine, tag: ImageRef, run_dir: Path) -> None:
+    data = engine.read_file(tag, layout.FREEZE_FILE)
     if data is not None:
         (run_dir / "pip-freeze.txt").write_bytes(data)

@@ -64,13 +64,14 @@ def test_a_timed_out_run_is_never_diagnosed():
 class _Engine:
     engine_id = "ENGINE:ID"
     arch = Arch.AMD64
+    native_arches = frozenset({Arch.AMD64})
 
     def __init__(self):
         self.calls = 0
         self.background = []
         self.envs = []
 
-    def output_of(self, tag, command, arch, timeout, labels, background=False, env=None):
+    def output_of(self, tag, command, arch, timeout, labels, background=False, env=None, gpus=False):
         self.calls += 1
         self.background.append(background)
         self.envs.append(env)
@@ -115,7 +116,8 @@ def test_an_emulated_run_compiles_in_one_process_unless_the_scenario_says_otherw
 
     from lab.pipeline import emulated_env
     arm = resolve(load_scenario(SCENARIOS / "vmap-inside-compile.yaml"))
-    on_amd64, on_arm64 = SimpleNamespace(arch=Arch.AMD64), SimpleNamespace(arch=Arch.ARM64)
+    on_amd64 = SimpleNamespace(arch=Arch.AMD64, native_arches=frozenset({Arch.AMD64}))
+    on_arm64 = SimpleNamespace(arch=Arch.ARM64, native_arches=frozenset({Arch.ARM64}))
     assert emulated_env(arm.run_env(), arm, on_amd64)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
     assert "TORCHINDUCTOR_COMPILE_THREADS" not in emulated_env(arm.run_env(), arm, on_arm64)    # native
     own = replace(arm, scenario=arm.scenario.model_copy(update={"env": {"TORCHINDUCTOR_COMPILE_THREADS": "4"}}))
@@ -129,7 +131,8 @@ def test_an_emulated_run_has_one_openblas_thread_unless_the_scenario_says_otherw
 
     from lab.pipeline import emulated_env
     arm = resolve(load_scenario(SCENARIOS / "libgomp-aarch64.yaml"))
-    on_amd64, on_arm64 = SimpleNamespace(arch=Arch.AMD64), SimpleNamespace(arch=Arch.ARM64)
+    on_amd64 = SimpleNamespace(arch=Arch.AMD64, native_arches=frozenset({Arch.AMD64}))
+    on_arm64 = SimpleNamespace(arch=Arch.ARM64, native_arches=frozenset({Arch.ARM64}))
     env = emulated_env(arm.run_env(), arm, on_amd64)
     assert env["OPENBLAS_NUM_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "2"
     assert "OPENBLAS_NUM_THREADS" not in emulated_env(arm.run_env(), arm, on_arm64)    # native

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.core.errors import LabError
+from lab.core.resources import shipped_scenarios_dir
+from lab.issue.infer import CPU_BASE, GPU_BASE, OLD_BASE
+from lab.scenario.lookup import list_scenarios, load_scenario
 
 __all__ = ["AgentInputError", "Policy", "WORKSPACE"]
 
@@ -70,9 +73,6 @@ class Policy:
         """The configured list: every base of the shipped scenarios, the ones the issue inference
         chooses, and `lab mcp --allow-base` (a project scenario on another base needs it too)."""
         if not self._bases:
-            from lab.core.resources import shipped_scenarios_dir
-            from lab.issue.infer import CPU_BASE, GPU_BASE, OLD_BASE
-            from lab.scenario.schema import list_scenarios
             found = {CPU_BASE, GPU_BASE, OLD_BASE, *self.extra_bases}
             with contextlib.suppress(LabError):
                 found |= {s.base for s in list_scenarios(shipped_scenarios_dir()) if not isinstance(s, Exception)}
@@ -82,7 +82,6 @@ class Policy:
     def check_scenario(self, name: str):
         """The loaded scenario NAME, refused when its base is not in the allowed list or it asks for
         the network that this server does not allow."""
-        from lab.scenario.schema import load_scenario
         path = self.scenario_path(name)
         scenario = load_scenario(path)
         if scenario.base not in self.allowed_bases():

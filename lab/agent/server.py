@@ -17,8 +17,18 @@ from mcp.server.mcpserver.exceptions import ToolError
 from lab import __version__
 from lab.agent import models as m
 from lab.agent.jobs import JobFailed, run_lab_job
-from lab.agent.policy import Policy
+from lab.agent.policy import AgentInputError, Policy
+from lab.build.resolve import parse_arch
+from lab.compare.comment import render_comment
+from lab.compare.diff import compare_runs, resolve_pair
 from lab.core.errors import LabError
+from lab.core.results import RunResult, read_result
+from lab.issue.fetch import fetch_issue
+from lab.issue.infer import infer
+from lab.issue.write import write_inference
+from lab.scenario.lookup import list_scenarios as listed
+from lab.scenario.lookup import load_scenario
+from lab.scenario.model import check_version
 
 __all__ = ["build_server"]
 
@@ -54,7 +64,6 @@ def build_server(policy: Policy) -> MCPServer:
     @server.tool()
     def list_scenarios() -> m.ScenarioList:
         """The scenarios this server can run: the configured folders' and those written from issue pages."""
-        from lab.scenario.schema import list_scenarios as listed
         rows: list[m.ScenarioInfo] = []
         origins = [("agent", policy.scenarios_folder)] + [("configured", d) for d in policy.scenario_dirs]
         for origin, folder in origins:
@@ -75,7 +84,6 @@ def build_server(policy: Policy) -> MCPServer:
         """A scenario as the lab understands it, and its script."""
         try:
             path = policy.scenario_path(scenario)
-            from lab.scenario.schema import load_scenario
             s = load_scenario(path)
         except LabError as e:
             raise refuse(e) from None
@@ -88,9 +96,6 @@ def build_server(policy: Policy) -> MCPServer:
     def scenario_from_issue(page: str) -> m.FromIssueResult:
         """A scenario from an issue page: a GitHub issue URL, or the page's text (Markdown). Nothing from the
         page runs here; its code becomes the scenario's script, which runs only confined."""
-        from lab.issue.fetch import fetch_issue
-        from lab.issue.infer import infer
-        from lab.issue.write import write_inference
         try:
             inf = infer(fetch_issue(_page_source(policy, page)))
             written = write_inference(inf, policy.scenarios_folder, None, True)
@@ -118,7 +123,6 @@ def build_server(policy: Policy) -> MCPServer:
     async def bisect(scenario: str, from_torch: str, to_torch: str, ctx: Context, arch: str | None = None,
                      engine: str | None = None) -> m.BisectToolResult:
         """Find the torch release where a scenario's verdict changes, between two releases."""
-        from lab.scenario.schema import check_version
         try:
             old, new = check_version(from_torch, "from_torch"), check_version(to_torch, "to_torch")
         except LabError as e:
@@ -130,7 +134,6 @@ def build_server(policy: Policy) -> MCPServer:
     @server.tool()
     def compare(a: str, b: str | None = None) -> m.CompareToolResult:
         """What changed between two run folders of one scenario, or a bisect folder's boundary pair."""
-        from lab.compare.diff import compare_runs, resolve_pair
         try:
             fa = policy.folder(a, "a")
             fb = policy.folder(b, "b") if b is not None else None
@@ -147,7 +150,6 @@ def build_server(policy: Policy) -> MCPServer:
     @server.tool()
     def comment(folder: str) -> m.CommentResult:
         """The Markdown comment for a run or bisect folder, ready to paste (secrets scrubbed)."""
-        from lab.compare.comment import render_comment
         try:
             path = policy.folder(folder)
             text = render_comment(path)
@@ -184,7 +186,6 @@ def build_server(policy: Policy) -> MCPServer:
 
 def _page_source(policy: Policy, page: str) -> str:
     """A URL as it is; a page's text saved in the workspace (by its hash) and named by that file."""
-    from lab.agent.policy import AgentInputError
     text = (page or "").strip()
     if not text:
         raise AgentInputError("page: give an issue URL or the issue's text.", field="page")
@@ -201,8 +202,6 @@ def _page_source(policy: Policy, page: str) -> str:
 
 
 def _case_args(policy: Policy, scenario: str, torch: str | None, arch: str | None, engine: str | None) -> list[str]:
-    from lab.build.resolve import parse_arch
-    from lab.scenario.schema import check_version
     try:
         path, _ = policy.check_scenario(scenario)
         args = [str(path)]
@@ -217,7 +216,6 @@ def _case_args(policy: Policy, scenario: str, torch: str | None, arch: str | Non
 
 
 def _comment(folder: Path) -> str:
-    from lab.compare.comment import render_comment
     try:
         return render_comment(folder)
     except LabError as e:
@@ -225,7 +223,6 @@ def _comment(folder: Path) -> str:
 
 
 def _run_result(policy: Policy, data: dict) -> m.RunToolResult:
-    from lab.core.results import RunResult, read_result
     r = read_result(data["run_dir"])
     if not isinstance(r, RunResult):
         raise ToolError(f"the run stopped without a verdict ({r.status}): {r.reason}")
@@ -268,8 +265,6 @@ def _triage_result(policy: Policy, data: dict) -> m.TriageToolResult:
 
 
 def _report(policy: Policy, path: Path) -> m.ReportResult:
-    from lab.agent.policy import AgentInputError
-    from lab.core.results import RunResult, read_result
     for name, kind in (("report.md", "run"), ("bisect.md", "bisect"), ("matrix.md", "matrix"),
                        ("summary.md", "triage"), ("comment.md", "triage")):
         doc = path / name

@@ -33,7 +33,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lab.build.render import template_environment, template_for
 from lab.build.resolve import Case
+from lab.core.config import current
+from lab.core.resources import runner_source
 
 # Bump when the templates' or the judging rules' meaning changes without a file change.
 # 2: a failure of the script's own code (NameError, ImportError...) is not reproduced by an exit code alone.
@@ -115,13 +118,11 @@ def _sha(value: object) -> str:
 
 
 def _cross_install() -> bool:
-    from lab.core.config import current
     return bool(current().cross_install)
 
 
 def _templates(case: Case) -> dict[str, str]:
     """The sha256 of each Dockerfile template the case renders with (cuda's extends debian's)."""
-    from lab.build.render import template_environment, template_for
     env = template_environment()
     found: dict[str, str] = {}
     for name in sorted({template_for(case), "debian.Dockerfile.j2"}):
@@ -134,5 +135,4 @@ def _templates(case: Case) -> dict[str, str]:
 
 
 def _runner() -> str:
-    from lab.core.resources import runner_source
     return hashlib.sha256(runner_source()).hexdigest()

@@ -33,11 +33,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
@@ -45,22 +44,24 @@ from typing import BinaryIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from lab.build import layout
 from lab.build.hostpip import HostPip
 from lab.build.resolve import Case, base_glibc
 from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import LabError
-from lab.core.hashing import CountingWriter, HashingReader, HashingWriter
+from lab.core.hashing import CountingWriter, HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.scrub import redact_secrets
+from lab.core.tarwrite import TreeEntry, tar_info, write_tree  # noqa: F401 - (tar_info: re-exported)
 
 CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
-VENV_IN_IMAGE = "/opt/venv"
-PYTHON_IN_IMAGE = VENV_IN_IMAGE + "/bin/python"
-LOCK_FILE = ".lab-lock.txt"     # inside the tree: it goes into the image as /opt/venv/.lab-lock.txt
+VENV_IN_IMAGE = layout.VENV
+PYTHON_IN_IMAGE = layout.VENV_PYTHON
+LOCK_FILE = layout.LOCK_FILE     # inside the tree: it goes into the image as /opt/venv/.lab-lock.txt
 # Inside the tree only when it holds everything the case needs: pip freeze, written on the host.
 # The Dockerfile then runs no pip at all (under QEMU even "already satisfied" takes seconds).
-FREEZE_FILE = ".lab-freeze.txt"
+FREEZE_FILE = layout.FREEZE_IN_TREE
 FREEZE_SKIPS = frozenset({"pip", "setuptools", "wheel", "distribute"})  # what pip freeze leaves out
 UV_TIMEOUT_S = 3 * 3600
 SOURCE_DATE_EPOCH = "315532800"  # set => py_compile writes checked-hash .pyc (valid whatever the mtime)
@@ -455,18 +456,6 @@ def _fix_record(record: Path, changed: Mapping[Path, bytes]) -> None:
 
 
 # --- the tree: entries, digest --------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class TreeEntry:
-    """One entry of a context tree, with the metadata the build-context tar keeps."""
-
-    path: str                 # relative, "/"-separated
-    kind: str                 # "dir" | "file" | "symlink"
-    mode: int                 # 0o755 or 0o644: only the executable bit survives
-    size: int = 0
-    link: str = ""            # a symlink's target (relative, inside the tree)
-    source: Path = field(default=Path())
-
-
 def walk_tree(root: Path) -> Iterator[TreeEntry]:
     """Every entry under `root`, sorted by path. Symlinks stay symlinks when they point inside
     the tree; one that points outside is refused (the image would not have its target)."""
@@ -521,38 +510,12 @@ def tree_digest(root: Path, under: str = VENV_IN_IMAGE) -> tuple[str, int, int, 
     return sha.hexdigest(), counts[0], counts[1], LayerDigest(under.strip("/"), layer.hexdigest(), layer.size)
 
 
-def tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
-    """A tar entry with normalised metadata: owner root, no names, mtime 0."""
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
 def write_tree_tar(root: Path | None, out: BinaryIO, under: str = "",
                    seen: Callable[[TreeEntry, str], None] | None = None) -> None:
     """The tree as a tar, streamed file by file, sorted, with normalised metadata: at the root, or
     `under` a folder (with the folders above it, as an image has them). `seen` gets each entry and
-    its content's SHA-256 (a symlink: its target), hashed while the tar reads it."""
-    prefix = under.strip("/") + "/" if under.strip("/") else ""
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        parts = prefix.rstrip("/").split("/") if prefix else []
-        for i in range(len(parts)):
-            tar.addfile(tar_info("/".join(parts[:i + 1]), tarfile.DIRTYPE, 0o755))
-        for e in walk_tree(root) if root is not None else ():
-            name, content = prefix + e.path, e.link
-            if e.kind == "dir":
-                tar.addfile(tar_info(name, tarfile.DIRTYPE, e.mode))
-            elif e.kind == "symlink":
-                tar.addfile(tar_info(name, tarfile.SYMTYPE, e.mode, link=e.link))
-            else:
-                with e.source.open("rb") as fh:
-                    reader = HashingReader(fh)
-                    tar.addfile(tar_info(name, tarfile.REGTYPE, e.mode, e.size), reader)
-                content = reader.hexdigest()
-            if seen is not None:
-                seen(e, content)
+    its content's SHA-256 (a symlink: its target), hashed while the tar reads it (lab.core.tarwrite)."""
+    write_tree(walk_tree(root) if root is not None else (), out, under, seen)
 
 
 def _quick_stat(root: Path) -> tuple[int, int]:
@@ -683,7 +646,7 @@ def _cause(stderr: str) -> str:
 
 def uv_binary() -> str:
     try:
-        import uv
+        import uv  # optional: the uv package (pip install uv); else the uv on PATH
         return uv.find_uv_bin()
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")
@@ -701,7 +664,7 @@ def _read_pylock(lock: Path, prefix: Path) -> tuple[Locked, ...]:
     """name==version with the wheel's file name and sha256 from the pylock.toml; from the
     installed .dist-info folders when this Python cannot read TOML."""
     try:
-        import tomllib
+        import tomllib  # optional: Python 3.11's standard library
     except ModuleNotFoundError:  # Python 3.10
         return installed_packages(prefix)
     data = tomllib.loads(lock.read_text())

@@ -31,14 +31,17 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from lab.build import releases
+from lab.build.crossinstall import target_for, uv_binary
 from lab.build.hostpip import HostPip
+from lab.core.cache import cache_dir
 from lab.core.errors import LabError
 from lab.scenario.model import _DATE_RE, DEPS_HELP, ERA, LATEST, parse_deps, rfc3339  # noqa: F401 (re-exported)
 
@@ -120,7 +123,6 @@ def versions_to_pins(versions: dict[str, str]) -> tuple[str, ...]:
 
 
 def release_time(torch: str, host: HostPip, python: str, arch: str) -> str | None:
-    from lab.build import releases
     try:
         return releases.upload_time("torch", torch, host=host, python=python, arch=arch)
     except releases.IndexUnreachableError as exc:
@@ -140,7 +142,6 @@ def resolve_set(requirements: tuple[str, ...], *, setting: str, torch: str, host
     key = hashlib.sha256(json.dumps({"format": _FORMAT, "requirements": list(requirements), "cut": cut,
                                      "platform": platform, "python": python, "exempt": sorted(exempt),
                                      "index": host.index_settings()}, sort_keys=True).encode()).hexdigest()[:32]
-    from lab.core.cache import cache_dir
     folder = cache if cache is not None else cache_dir("era")
     entry = folder / f"{key}.json"
     try:
@@ -160,10 +161,8 @@ def resolve_set(requirements: tuple[str, ...], *, setting: str, torch: str, host
 
 def _compile(requirements: tuple[str, ...], *, cut: str, host: HostPip, python: str, platform: str,
              exempt: tuple[str, ...]) -> tuple[str, ...]:
-    from lab.build.crossinstall import uv_binary
     uv = uv_binary()
     env = host.uv_env(os.environ)
-    from lab.core.cache import cache_dir
     env.update({"UV_CACHE_DIR": str(cache_dir("uv")), "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never"})
     args = [uv, "pip", "compile", "--no-config", "--python", sys.executable, "--python-platform", platform,
             "--python-version", python, "--no-build", "--no-header", "--no-annotate", "--exclude-newer", cut,
@@ -202,9 +201,7 @@ def apply(case, host: HostPip, events=None):
     """(the case with its era's pins in `resolved`, its DepSet), or (case, None) for `latest`.
 
     Pins the lab chose itself (`case.pins`) are kept as they are and exempt from the cut."""
-    from dataclasses import replace
 
-    from lab.build.crossinstall import target_for
     if case.deps == LATEST:
         return case, None
     target = target_for(case)

@@ -41,14 +41,14 @@ class HostPip:
 
     @property
     def remote_indexes(self) -> tuple[str, ...]:
-        return tuple(u for u in self.extra_index_urls if not is_local(u))
+        return tuple(u for u in self.extra_index_urls if not is_host_folder(u))
 
     @property
     def local_sources(self) -> tuple[str, ...]:
         """find-links folders and file:// indexes: they must travel as files."""
-        urls = [u for u in self.find_links if is_local(u)]
-        urls += [u for u in self.extra_index_urls if is_local(u)]
-        if self.index_url and is_local(self.index_url):
+        urls = [u for u in self.find_links if is_host_folder(u)]
+        urls += [u for u in self.extra_index_urls if is_host_folder(u)]
+        if self.index_url and is_host_folder(self.index_url):
             urls.append(self.index_url)
         return tuple(urls)
 
@@ -56,7 +56,7 @@ class HostPip:
     def remote_urls(self) -> tuple[str, ...]:
         """Every remote index, extra index and find-links URL (local folders are not)."""
         urls = [self.index_url or "", *self.extra_index_urls, *self.find_links]
-        return tuple(u for u in urls if u and not is_local(u))
+        return tuple(u for u in urls if u and not is_host_folder(u))
 
     @property
     def has_credentials(self) -> bool:
@@ -82,11 +82,11 @@ class HostPip:
                          f"(sha256:{ident.hexdigest()[:16]}); the lab's build got them through a one-shot URL")
         if ca_path:
             lines.append(f"cert = {ca_path}")
-        if self.index_url and not is_local(self.index_url) and keep([self.index_url]):
+        if self.index_url and not is_host_folder(self.index_url) and keep([self.index_url]):
             lines.append(f"index-url = {self.index_url}")
         if keep(self.remote_indexes):
             lines.append("extra-index-url = " + " ".join(keep(self.remote_indexes)))
-        remote_links = keep(u for u in self.find_links if not is_local(u))
+        remote_links = keep(u for u in self.find_links if not is_host_folder(u))
         lines.append("find-links = " + " ".join([wheel_dir, *remote_links]))
         if self.trusted_hosts:
             lines.append("trusted-host = " + " ".join(self.trusted_hosts))
@@ -121,7 +121,7 @@ class HostPip:
         return out
 
 
-def is_local(url: str) -> bool:
+def is_host_folder(url: str) -> bool:
     """A find-links folder or a file:// index: it exists on this host only."""
     scheme = urlparse(url).scheme
     return scheme in ("", "file")

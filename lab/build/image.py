@@ -26,6 +26,8 @@ from lab.build import releases, wheelsonly
 from lab.build.base import bootstrap_tag, debian_suite, ensure_base
 from lab.build.buildsecret import serve_once
 from lab.build.hostpip import HostPip
+from lab.build.imagestore import ImageStore
+from lab.build.layout import LAYERS_REPO
 from lab.build.render import (
     IMAGE_REPO,
     SITE_DIR,
@@ -35,7 +37,7 @@ from lab.build.render import (
     ContextTree,
     image_pip_conf,
     render_dockerfile,
-    split_for_stacking,
+    render_parts,
     system_packages,
     write_context,
     write_site_tar,
@@ -45,7 +47,6 @@ from lab.core.cache import cache_dir
 from lab.core.errors import BuildError
 from lab.core.records import BuiltImage, Events, no_events
 from lab.core.scrub import redact_secrets, redact_url, strip_url_credentials
-from lab.engine.docker_engine import LAYERS_REPO, Engine
 
 PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
 
@@ -100,7 +101,7 @@ def _published(found: list[str], wanted: str) -> bool:
                for v in found)
 
 
-def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events = no_events,
+def build_image(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Events = no_events,
                 log_path: Path | None = None) -> BuiltImage:
     """Ensure the base, then build the case image unless its content-addressed tag exists."""
     case = plan.case
@@ -114,7 +115,7 @@ def build_image(plan: BuildPlan, engine: Engine, host: HostPip, events: Events =
         return _build_locked(plan, engine, host, events, log_path, base, base_started, tag)
 
 
-def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events, log_path: Path | None,
+def _build_locked(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Events, log_path: Path | None,
                   base, base_started: float, tag: str) -> BuiltImage:
     case = plan.case
     existing = engine.image_id(tag)
@@ -133,7 +134,8 @@ def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events
         events("build", line)
 
     try:
-        parts = split_for_stacking(plan.dockerfile) if plan.site_image else None
+        # the lab's own Dockerfile is built in two parts, rendered apart; another (a bundle's) whole
+        parts = render_parts(case) if plan.site_image and plan.dockerfile == render_dockerfile(case) else None
         nets = _sealed_networks(plan, base, parts is not None, events) if plan.sealed is not None else None
         if parts is None:
             site_args, files = _ensure_site_image(plan, engine, events), plan.files
@@ -161,7 +163,7 @@ def _build_locked(plan: BuildPlan, engine: Engine, host: HostPip, events: Events
                       base_seconds=started - base_started)
 
 
-def _ensure_site_image(plan: BuildPlan, engine: Engine, events: Events) -> dict[str, str]:
+def _ensure_site_image(plan: BuildPlan, engine: ImageStore, events: Events) -> dict[str, str]:
     """The build arg SITE: the image of the cross-installed tree, built once per tree (its tag
     is the tree's digest), so the case's own context stays small. {} when nothing was."""
     ref = plan.site_image
@@ -176,7 +178,7 @@ def _ensure_site_image(plan: BuildPlan, engine: Engine, events: Events) -> dict[
     return {"SITE": ref}
 
 
-def _stacked_site(plan: BuildPlan, engine: Engine, host: HostPip, base_ref: str, prefix: str, venv: str,
+def _stacked_site(plan: BuildPlan, engine: ImageStore, host: HostPip, base_ref: str, prefix: str, venv: str,
                   on_line, events: Events, sealed_network: str | None = None) -> str:
     """The image the case is built `FROM`: the Dockerfile's steps up to the venv (the engine's build
     cache keeps them, and a layer anchor tag keeps that image), plus the cross-installed tree stacked
@@ -207,7 +209,7 @@ def _with_dockerfile(files, text: str) -> tuple:
 
 
 @contextlib.contextmanager
-def _pip_credentials(plan: BuildPlan, engine: Engine, host: HostPip,
+def _pip_credentials(plan: BuildPlan, engine: ImageStore, host: HostPip,
                      events: Events) -> Iterator[tuple[dict[str, str], str | None]]:
     """(extra build args, network mode) for this build: the one-shot pip.conf URL and the host's
     network when the host's indexes need credentials, else nothing. Credentials go only to a
@@ -221,7 +223,7 @@ def _pip_credentials(plan: BuildPlan, engine: Engine, host: HostPip,
                         "render; pip in this build sees the indexes without them")
         yield {}, None
         return
-    if not engine.is_local:
+    if not engine.on_this_host:
         events("build", "the engine is remote, so it cannot fetch the host's index credentials; pip in "
                         "this build sees the indexes without them")
         yield {}, None

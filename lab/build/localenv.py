@@ -48,6 +48,7 @@ from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import BuildError, LabError
 from lab.core.records import BaseImage, BuiltImage, Events, LocalImage, no_events
+from lab.core.scrub import redact_secrets
 
 LOCAL_ENV_VERSION = 2
 FREEZE_FILE = ".lab-freeze.txt"
@@ -304,7 +305,6 @@ def _make_venv(case: Case, host: HostPip, base: Interpreter, entry: Path, events
         raise
     finally:
         if log is not None:
-            from lab.core.scrub import redact_secrets
             log.write_text(redact_secrets("\n".join(lines)) + "\n")
     seconds = round(time.monotonic() - started, 1)
     meta = {"version": LOCAL_ENV_VERSION, "requirements": list(case.requirements), "python": base.executable,

@@ -36,7 +36,7 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from lab.build.hostpip import HostPip, is_local, to_path
+from lab.build.hostpip import HostPip, is_host_folder, to_path
 from lab.build.resolve import wheel_tags
 from lab.core import cache
 from lab.core.arch import Arch
@@ -120,7 +120,7 @@ def upload_time(project: str, version: str, *, host: HostPip | None = None, pyth
     other: list[str] = []
     for public in (False, True):
         for kind, url in sources(host):
-            if is_local(url):
+            if is_host_folder(url):
                 continue
             files = _files(kind, url, name, host=host, folder=folder, refresh=refresh, timeout=timeout,
                            max_age_s=max_age_s)
@@ -221,7 +221,7 @@ def _locate(ordered: list[str], wanted: str, what: str, option: str) -> int:
 
 def _files(kind: str, url: str, name: str, *, host: HostPip, folder: Path, refresh: bool, timeout: float,
            max_age_s: float) -> list[IndexFile]:
-    if is_local(url):
+    if is_host_folder(url):
         return _local_files(kind, to_path(url), name)
     page = page_url(url, name) if kind == "index" else url
     path = folder / f"{name}-{hashlib.sha256(page.encode()).hexdigest()[:20]}.json"

@@ -6,7 +6,7 @@ venv tree cross-installed on the host, `site/`) are covered by the plan's digest
 rebuilds. The site tree can be gigabytes: its digest is computed once, when its cache entry is
 made (lab.crossinstall), and only mixed in here. It does not travel in the case's context. The
 Dockerfile copies it from an image (`COPY --from=site`); the lab itself builds that Dockerfile in
-two parts around that line (`split_for_stacking`), with the tree stacked on the first part's image
+two parts around that line (`render_parts`), with the tree stacked on the first part's image
 as one layer (`write_site_tar` under the venv, `Engine.stack_layer`), so that it is written once.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import re
 import shlex
@@ -26,6 +25,7 @@ from typing import BinaryIO
 import jinja2
 
 from lab import __version__
+from lab.build import layout, wheelsonly
 from lab.build.crossinstall import (
     FREEZE_FILE,
     VENV_IN_IMAGE,
@@ -34,26 +34,29 @@ from lab.build.crossinstall import (
     install_with_uv,
     no_site,
     prepare_site,
-    tar_info,
     write_tree_tar,
 )
 from lab.build.hostpip import HostPip, local_wheels
 from lab.build.resolve import Case
+from lab.build.wheelsonly import direct_references
 from lab.core import config
 from lab.core.errors import ScenarioError
 from lab.core.hashing import HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.resources import RUNNER_NAME, runner_source, template_loader
+from lab.core.scrub import redact_secrets
+from lab.core.tarwrite import add_bytes, add_dir, add_file, stream_tar
 from lab.scenario.model import CONTROL_CHARS, is_debian_package
 
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
-CA_IN_IMAGE = "/etc/lab/ca.crt"
-WHEELS_IN_IMAGE = "/lab/wheels"
-IMAGE_REPO = "torch-repro-lab/case"
-SITE_IMAGE_REPO = "torch-repro-lab/site"  # one image per cross-installed tree, FROM scratch
-RUNNER_IN_IMAGE = "/lab/tools/lab_run.py"
+CA_IN_IMAGE = layout.CA_FILE
+WHEELS_IN_IMAGE = layout.WHEELS_DIR
+IMAGE_REPO = layout.IMAGE_REPO
+SITE_IMAGE_REPO = layout.SITE_IMAGE_REPO
+RUNNER_IN_IMAGE = layout.RUNNER
 WHEELS_README = b"Wheels from the host's local pip sources (find-links, file:// indexes).\n"
 SITE_DIR = "site"
+STACK_ARG = "LAB_STACKED"  # the suffix Dockerfile's base: the prefix's image plus the site layer
 CONTEXT_FORMAT = 3  # part of the plan digest: bump when the context's layout changes
 
 
@@ -201,6 +204,9 @@ def template_environment() -> jinja2.Environment:
     env.filters["json"] = json.dumps
     env.filters["label"] = dockerfile_quote
     env.filters["word"] = dockerfile_word
+    # every template is rendered with the image layout (lab.build.layout), and as a whole
+    # Dockerfile unless a `part` is asked for (render_parts)
+    env.globals.update(layout=layout.template_values(), stack_arg=STACK_ARG, part="whole")
     return env
 
 
@@ -228,7 +234,6 @@ def dockerfile_fields(case: Case) -> dict[str, object]:
         system_packages=list(system_packages(case)),
         requirements=case.requirements,
         script=scenario.script.name,
-        venv=VENV_IN_IMAGE,
     )
 
 
@@ -253,16 +258,30 @@ def check_fields(fields: dict[str, object], file: str | None = None) -> None:
                                     field="system_packages")
 
 
-def render_template(template: str, fields: dict[str, object], file: str | None = None) -> str:
-    """Check the fields, then render `template` with them."""
+def render_template(template: str, fields: dict[str, object], file: str | None = None, part: str = "whole") -> str:
+    """Check the fields, then render `template` with them and the image layout (lab.build.layout).
+    `part`: the whole Dockerfile, or one of the two parts it is built in when the cross-installed
+    tree is stacked as a layer (`render_parts`)."""
     check_fields(fields, file)
-    return template_environment().get_template(template).render(**fields)
+    return template_environment().get_template(template).render(**fields, part=part)
 
 
 def render_dockerfile(case: Case) -> str:
     """The Dockerfile for `case`: deterministic, the same bytes for the same case."""
     source = str(case.scenario.source) if case.scenario.source else None
     return render_template(template_for(case), dockerfile_fields(case), source)
+
+
+def render_parts(case: Case) -> tuple[str, str, str]:
+    """The lab's Dockerfile for `case` in the two parts it is built in around the copy of the site
+    image into the venv (`COPY --from=site`): the steps before it (base, system packages, user, CA,
+    the venv), and the steps after it, as a Dockerfile of its own `FROM` an image that is the first
+    part's plus the site layer stacked on it (`Engine.stack_layer`), so the tree is not written a
+    second time by `COPY`. The third part is the folder the tree goes into (the venv)."""
+    source = str(case.scenario.source) if case.scenario.source else None
+    fields = dockerfile_fields(case)
+    return (render_template(template_for(case), fields, source, part="prefix"),
+            render_template(template_for(case), fields, source, part="suffix"), layout.VENV)
 
 
 def image_pip_conf(host: HostPip, *, credentials: bool = False) -> str:
@@ -339,17 +358,14 @@ def write_context(files: tuple[ContextEntry, ...], out: BinaryIO) -> str:
     """Write the context as a tar with sorted entries and normalised metadata (owner root,
     mtime 0, mode 0644 or 0755); return the tar's sha256."""
     hasher = HashingWriter(out)
-    with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with stream_tar(hasher) as tar:
         for f in files:
             if isinstance(f, ContextTree):
                 _add_tree(tar, f)
-                continue
-            info = tar_info(f.arcname, tarfile.REGTYPE, 0o644, f.size())
-            if f.data is not None:
-                tar.addfile(info, io.BytesIO(f.data))
+            elif f.data is not None:
+                add_bytes(tar, f.arcname, f.data)
             else:
-                with f.source.open("rb") as fh:  # type: ignore[union-attr]
-                    tar.addfile(info, fh)
+                add_file(tar, f.arcname, f.source, f.size())  # type: ignore[arg-type]
     return hasher.hexdigest()
 
 
@@ -362,29 +378,10 @@ def write_site_tar(tree: ContextTree, out: BinaryIO, under: str = "") -> str:
     return hasher.hexdigest()
 
 
-STACK_ARG = "LAB_STACKED"  # the suffix Dockerfile's base: the prefix's image plus the site layer
-
-
-def split_for_stacking(dockerfile: str) -> tuple[str, str, str] | None:
-    """The lab's Dockerfile cut where it copies the site image into the venv (`COPY --from=site`):
-    the steps before it (base, system packages, user, CA, the venv), and the steps after it, as a
-    Dockerfile of its own `FROM` an image that is the first part's plus the site layer stacked on it
-    (`Engine.stack_layer`), so the tree is not written a second time by `COPY`. None when the
-    Dockerfile has no such line (a bundle's own, say): then it is built whole. The third part is
-    the folder the tree goes into."""
-    lines = dockerfile.splitlines(keepends=True)
-    at = [i for i, ln in enumerate(lines) if ln.startswith("COPY --from=site / ")]
-    if len(at) != 1:
-        return None
-    prefix = "".join(lines[:at[0]])
-    suffix = f"ARG {STACK_ARG}\nFROM ${{{STACK_ARG}}}\n" + "".join(lines[at[0] + 1:])
-    return prefix, suffix, lines[at[0]].split()[-1].rstrip("/")
-
-
 def _add_tree(tar: tarfile.TarFile, tree: ContextTree) -> None:
     """The tree's folder only: an old Dockerfile's `COPY site/` then finds it empty. Its content
     goes into the site image (`write_site_tar`)."""
-    tar.addfile(tar_info(tree.arcname, tarfile.DIRTYPE, 0o755))
+    add_dir(tar, tree.arcname)
 
 
 def plan_build(case: Case, host: HostPip, events: Events = no_events,
@@ -415,13 +412,11 @@ def plan_build(case: Case, host: HostPip, events: Events = no_events,
 
 
 def _direct_references(case: Case) -> bool:
-    from lab.build.wheelsonly import direct_references
     return bool(direct_references(case.scenario.pip))
 
 
 def _sealed_files(case: Case, host: HostPip, site: Site, files: tuple[ContextEntry, ...],
                   sealed: Sealed) -> tuple[ContextEntry, ...]:
-    from lab.build import wheelsonly
     missing = wheelsonly.unresolved(site, case.requirements)
     if missing and sealed.source_builds:
         return files  # pip in the image installs them, from the indexes without credentials
@@ -449,7 +444,6 @@ def write_context_folder(folder: Path, plan: BuildPlan) -> None:
     up to gigabytes) stays empty but for a README, so `docker build .` there installs the
     requirements with pip inside the image. No secret of the host is written: lab/pip.conf is
     the image's, without the secret URLs, and the README's notes are redacted."""
-    from lab.core.scrub import redact_secrets
     for f in plan.files:
         if isinstance(f, ContextTree) or f.arcname.startswith(SITE_DIR + "/"):
             continue

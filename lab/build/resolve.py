@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -11,33 +10,11 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 
 from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
-from lab.scenario.model import Scenario, check_version
+from lab.scenario.bases import DEFAULT_GLIBC, base_glibc, base_python  # noqa: F401 - (re-exported: their old home)
+from lab.scenario.model import Scenario, check_version, parse_deps
 
 BACKENDS = ("eager", "aot_eager", "inductor")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-# What each base distribution ships: its python3 (what `apt-get install python3` gives) and its
-# glibc (wheels tagged up to manylinux_2_<N> load there).
-_BASES = (
-    (re.compile(r"debian:(bookworm|12)"), "3.11", (2, 36)),
-    (re.compile(r"debian:(trixie|13)"), "3.13", (2, 41)),
-    (re.compile(r"debian:(bullseye|11)"), "3.9", (2, 31)),
-    (re.compile(r"ubuntu:?(22\.04|jammy)"), "3.10", (2, 35)),
-    (re.compile(r"ubuntu:?(24\.04|noble)"), "3.12", (2, 39)),
-    (re.compile(r"ubuntu:?(20\.04|focal)"), "3.8", (2, 31)),
-)
-DEFAULT_GLIBC = (2, 28)
-
-
-def base_python(base: str) -> str | None:
-    """The Python version of a base image's `python3` package, when the base is a known distribution."""
-    return next((python for pattern, python, _ in _BASES if pattern.search(base)), None)
-
-
-def base_glibc(base: str) -> tuple[int, int]:
-    """The glibc of a base image; manylinux_2_28 for a distribution the lab does not know."""
-    return next((glibc for pattern, _, glibc in _BASES if pattern.search(base)), DEFAULT_GLIBC)
-
 
 def wheel_tags(python: str, arch: Arch | str) -> frozenset[Tag]:
     """The wheel tags a Linux CPython `python` ("3.11") on `arch` accepts, the legacy
@@ -148,7 +125,6 @@ def resolve(scenario: Scenario, torch: str | None = None, arch: str | None = Non
 
 def check_deps(value: str, option: str = "--deps") -> str:
     """A deps setting from the command line, canonical; a clear error otherwise."""
-    from lab.scenario.model import parse_deps
     try:
         return parse_deps(value)
     except ValueError as exc:

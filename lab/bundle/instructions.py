@@ -8,6 +8,7 @@ from typing import Any
 
 from lab.core.arch import with_emulated_env
 from lab.core.results import RunResult, UnfinishedRun
+from lab.scenario.bases import DEFAULT_BASE
 
 REPLAY_HEADING = "## How to replay"
 
@@ -23,7 +24,7 @@ def verdict_text(result: AnyResult) -> str | None:
 
 def _base(result: AnyResult, scenario: Mapping[str, Any]) -> tuple[str, str | None]:
     base = result.base if isinstance(result, RunResult) else None
-    requested = (base.requested if base else None) or scenario.get("base") or "debian:bookworm"
+    requested = (base.requested if base else None) or scenario.get("base") or DEFAULT_BASE
     note = None
     if base is not None and base.origin == "bootstrapped":
         note = (f"# The original engine had no registry and built {requested} from Debian's archive "

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -67,16 +67,15 @@ from lab.bundle.compare import Comparison, compare
 from lab.bundle.manifest import Manifest
 from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
-from lab.core.records import Events, RunLimits, no_events
+from lab.core.records import Events, RunLimits, format_bytes, no_events
 from lab.core.results import RESULT_NAME, RunResult, parse_result
 from lab.core.scrub import MASK
-from lab.engine.docker_engine import Engine
+from lab.engine.protocol import Engine
+from lab.pipeline import RunCase, run_limits
+from lab.pipeline import run_case as production_run_case
 from lab.report import run_folder as report
 from lab.scenario.loader import read_yaml, validate_scenario
-from lab.scenario.model import TorchVersion
-
-if TYPE_CHECKING:
-    from lab.pipeline import RunCase
+from lab.scenario.model import Limits, Scenario, TorchVersion
 
 REPLAYED = "replayed"
 SCRIPT_HEAD_LINES = 20      # lines of the script shown before the confirmation
@@ -192,8 +191,6 @@ def limit_lines(plan: ReplayPlan) -> tuple[LimitLine, ...]:
     """Every limit the replay's script runs under: memory, pids, CPUs, timeout, the /out and the
     stdout/stderr caps, and network, each compared with this lab's defaults (`Limits()`,
     `Scenario.timeout`), which a bundle may raise (up to `1t` for /out)."""
-    from lab.core.records import format_bytes
-    from lab.scenario.model import Limits, Scenario
     lim, ours = plan.limits, Limits()
     timeout, default_timeout = plan.case.scenario.timeout, Scenario.model_fields["timeout"].default
 
@@ -267,7 +264,6 @@ def prepare_replay(bundle: Path, runs_root: Path, host_arch: Arch, *, allow_netw
     direct URL, a VCS repository or a path is refused here (SourceBuildError) unless
     `allow_source_builds`: a replay installs wheels resolved on this host only (lab.build.wheelsonly).
     """
-    from lab.pipeline import run_limits
 
     made_root = _first_missing(runs_root)
     runs_root.mkdir(parents=True, exist_ok=True)
@@ -505,8 +501,7 @@ def execute_replay(plan: ReplayPlan, engine: Engine, host: HostPip, events: Even
                    run_case: RunCase | None = None) -> ReplayOutcome:
     """Build what the plan says (see the module docstring), run it and compare with the bundle.
     `run_case` is the pipeline's (tests pass a fake)."""
-    if run_case is None:
-        from lab.pipeline import run_case
+    run_case = run_case or production_run_case
 
     # wheels only, resolved on this host, before anything is made: an unresolved requirement is
     # refused here (lab.build.wheelsonly), and the build is sealed (lab.build.image)

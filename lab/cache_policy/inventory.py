@@ -34,6 +34,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from lab.build.crossinstall import CrossInstallError, uv_binary
 from lab.cache_policy.policy import PARTS, Entry, choose, default_cap
 from lab.core.config import current
 from lab.core.errors import LabError
@@ -432,7 +433,6 @@ def prune_uv(cache: Path, events: Events = no_events, timeout: float = UV_PRUNE_
     seconds. A line saying what it freed, or None when it freed nothing or could not run."""
     if not cache.is_dir():
         return None
-    from lab.build.crossinstall import CrossInstallError, uv_binary
     try:
         uv = uv_binary()
     except CrossInstallError:

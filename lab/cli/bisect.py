@@ -54,9 +54,10 @@ def bisect(
                                 failed_differently=counted, localize=localize, blame=blame)
         runs_root = inputs.runs_root(out_dir)
         fleet = routing.fleet(engines, jobs, "venv", trust_script)
-        if "local" in fleet.engines and len(fleet.engines) == 1:  # refuse before the first probe
-            routing.refuse_local(resolve(loaded, torch=old_v, arch=choose_arch(loaded, request.arch),
-                                        sets=request.sets), fleet.engine("local"))
+        if len(fleet.engines) == 1:  # one engine: its refusals before the first probe
+            (only,) = fleet.engines
+            routing.check_engine(resolve(loaded, torch=old_v, arch=choose_arch(loaded, request.arch),
+                                         sets=request.sets), fleet.engine(only))
         resume: list[str] = []
 
         def on_start(candidates: list[str], folder: Path, command: str) -> None:

@@ -10,7 +10,6 @@ from lab.core.errors import ScenarioError
 from lab.engine.gpu import cpu_variant_hint
 from lab.engine.local_engine import LocalOptions
 from lab.engine.routing import Fleet, NoEngineError, open_fleet
-from lab.pipeline import check_gpu, check_local, is_local
 from lab.scenario.model import Scenario
 
 
@@ -38,7 +37,7 @@ def engine_for(fleet: Fleet, case):
     except NoEngineError:
         live = fleet.live_engines()
         if case.scenario.gpu and len(live) == 1:  # one engine: its own answer, its fix, the CPU variant
-            check_gpu(case, live[0])
+            live[0].check(case)
         raise
     return fleet.engine(route.engine)
 
@@ -48,11 +47,11 @@ def gpu_hint(scenario: Scenario) -> str | None:
     return cpu_variant_hint(scenario.cpu_variant).strip() or None
 
 
-def refuse_local(case, engine) -> None:
-    """The local engine's refusals (another arch, no sandbox without --trust-script, missing system
-    packages), before anything is made; a warning when it will run the script not confined."""
-    if is_local(engine):
-        check_local(case, engine)
-        if not engine.confinement.confined:
-            log.warning("the local engine runs the script NOT CONFINED (--trust-script): "
-                        f"{engine.confinement.problem}")
+def check_engine(case, engine) -> None:
+    """The engine's refusals (a GPU it lacks; the local engine: another arch, no sandbox without
+    --trust-script, missing system packages), before anything is made; a warning when it will run the
+    script not confined."""
+    engine.check(case)
+    if not engine.confined:
+        log.warning(f"the {engine.name} engine runs the script NOT CONFINED (--trust-script): "
+                    f"{engine.unconfined_reason}")

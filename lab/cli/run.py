@@ -91,7 +91,7 @@ def _one(request: RunRequest, plan: RunPlan, fleet, runs_root: Path, as_json: bo
     """One case (or its ablation); its verdict (none for an ablation)."""
     case = plan.cases[0]
     engine = routing.engine_for(fleet, case)
-    routing.refuse_local(case, engine)
+    routing.check_engine(case, engine)
     on = f" on engine {engine.name}" if len(fleet.engines) > 1 or request.engines else ""
     say(f"[bold]{escape(case.name)}[/]" + (" (emulated with QEMU)" if case.arch != engine.arch else "") + on)
     if request.ablate:

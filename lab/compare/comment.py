@@ -24,6 +24,7 @@ from lab.core.arch import with_emulated_env
 from lab.core.results import BisectResult, LocalizeResult, RunResult, read_document, read_result
 from lab.core.scrub import is_secret_name, scrub_text
 from lab.history.index import root_of
+from lab.scenario.bases import DEFAULT_BASE
 
 _FENCE = "```"
 
@@ -251,7 +252,7 @@ def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
     for key, value in sorted((resolved.get("vars") or {}).items()):
         lab += ["--set", f"{key}={value}"]
     platform = resolved.get("platform") or f"linux/{r.arch}"
-    base = (resolved.get("base") or {}).get("ref") or scenario.get("base") or "debian:bookworm"
+    base = (resolved.get("base") or {}).get("ref") or scenario.get("base") or DEFAULT_BASE
     env = _scenario_env(r, scenario)
     if r.backend:
         env["LAB_BACKEND"] = r.backend

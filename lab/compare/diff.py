@@ -22,6 +22,7 @@ import yaml
 
 from lab.analyze.loader import parse_dir
 from lab.analyze.tracebacks import extract_exceptions
+from lab.build.layout import REPRO_DIR
 from lab.core.errors import ResultError
 from lab.core.results import (
     NOT_REPRODUCED,
@@ -36,7 +37,7 @@ from lab.core.results import (
 )
 
 _MAX_TEXT = 8 << 20          # bytes read of any one text file
-_SCRIPT_DIR = "/lab/repro/"  # the scenario's script in the image: frames there are user code
+_SCRIPT_DIR = REPRO_DIR + "/"  # the scenario's script in the image: frames there are user code
 _DOCKERFILE_LINES = 80       # lines of Dockerfile diff kept
 
 

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import platformdirs
-from pydantic import AfterValidator, BeforeValidator, ByteSize, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
 from lab.core.arch import Arch
 from lab.core.errors import ConfigError
-from lab.core.scrub import redact_url
+from lab.core.resources import shipped_scenarios_dir
+from lab.core.secreturls import redact_url
+from lab.core.sizes import Size, as_size, to_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -116,7 +118,7 @@ KEYS: tuple[Key, ...] = (
     Key("cache_dir", "LAB_CACHE_DIR", PathValue, Path(platformdirs.user_cache_dir(CACHE_APP)),
         "the folder of host-side caches (base rootfs, release lists, uv's wheels, cross-installed sites)",
         is_path=True),
-    Key("cache_cap", "LAB_CACHE_CAP", ByteSize | None, None,
+    Key("cache_cap", "LAB_CACHE_CAP", Annotated[int | None, BeforeValidator(to_size), AfterValidator(as_size)], None,
         "the most the cache (the lab's images and everything under cache_dir) may hold, such as \"50GiB\"; "
         "enforced after each run and bisect probe, least recently used first (default: 30 GiB or a quarter "
         "of the free disk plus the cache, whichever is smaller)"),
@@ -208,8 +210,7 @@ class Settings:
 
     def scenario_dirs(self) -> list[ScenarioDir]:
         """Where scenario names are looked up, in order: the project's folder, then the shipped one."""
-        from lab.core.resources import shipped_scenarios_dir
-        shipped = shipped_scenarios_dir()
+        shipped = shipped_scenarios_dir(self.cache_dir)
         project = self.values["scenarios_dir"]
         if project is None:
             project = _find_upward(self.cwd, "scenarios", is_dir=True, stop=self.project_root())
@@ -237,8 +238,8 @@ class Settings:
 def _display(value: Any) -> str:
     if value is None or value == ():
         return "(not set)"
-    if isinstance(value, ByteSize):
-        return value.human_readable(separator=" ")
+    if isinstance(value, Size):
+        return value.words()
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):

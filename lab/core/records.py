@@ -56,6 +56,11 @@ class BuiltImage:
     local: LocalImage | None = None  # the local engine's environment (then `tag` names it)
 
     @property
+    def recorded_base(self) -> BaseImage | None:
+        """The base the run records (result.json's `base`): None for the local engine's environment."""
+        return self.base if self.local is None else None
+
+    @property
     def ref(self) -> str | LocalImage:
         """What the engine runs: the tag, or the local engine's environment."""
         return self.local if self.local is not None else self.tag

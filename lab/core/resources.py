@@ -63,13 +63,14 @@ def traversable_loader(root: Traversable) -> jinja2.BaseLoader:
     return jinja2.FunctionLoader(load)
 
 
-def shipped_scenarios_dir() -> Path:
-    """The shipped scenarios as a real folder: the package's own, or (zip) a copy in the cache."""
+def shipped_scenarios_dir(cache_root: Path | None = None) -> Path:
+    """The shipped scenarios as a real folder: the package's own, or (zip) a copy under `cache_root`
+    (the lab's cache folder; None: the system's temporary folder)."""
     root = shipped("scenarios")
     if isinstance(root, Path):
         return root
-    from lab.core.cache import cache_dir
-    target = cache_dir("shipped") / f"scenarios-{__version__}"
+    base = cache_root if cache_root is not None else Path(tempfile.gettempdir()) / "torch-repro-lab"
+    target = base / "shipped" / f"scenarios-{__version__}"
     if not target.is_dir():
         materialize(root, target)
     return target

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lab.build.resolve import Case, check_ablatable
 from lab.core.records import Events, no_events
 from lab.core.results import AblationResult, AblationStep, Verdict
-
-if TYPE_CHECKING:
-    from lab.pipeline import RunCase
+from lab.pipeline import RunCase
+from lab.pipeline import run_case as production
+from lab.report.run_folder import new_run_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +83,7 @@ def run_ablation(case: Case, engine, host, runs_root: Path, events: Events = no_
                  run_case: RunCase | None = None) -> AblationRun:
     """Run every rung in one image (the backend is chosen at run time), each in its own run folder.
     `run_case` runs one rung (default: lab.pipeline.run_case)."""
-    from lab.report.run_folder import new_run_dir
     if run_case is None:
-        from lab.pipeline import run_case as production
         run_case = production
 
     check_ablatable(case.scenario)

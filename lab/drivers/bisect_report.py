@@ -16,6 +16,8 @@ from xml.sax.saxutils import escape
 
 from lab.core.results import FAILED_DIFFERENTLY
 from lab.drivers.bisect import AMBIGUOUS, FOUND, NOT_REPRODUCED, REPRODUCED, SKIP, BisectResult, Probe
+from lab.report.html import write_bisect_html
+from lab.report.markdown import render
 
 MD_NAME, SVG_NAME, JSON_NAME = "bisect.md", "bisect.svg", "bisect.json"
 
@@ -31,7 +33,6 @@ _STEP, _MARGIN, _R, _Y = 56, 48, 9, 64
 def write_bisect_report(folder: str | os.PathLike, scenario_name: str, arch: str, result: BisectResult,
                         candidates: Sequence[str], resume_command: str = "") -> Path:
     """Write bisect.md, bisect.svg, bisect.json and report.html into `folder`; return the path of bisect.md."""
-    from lab.report.html import write_bisect_html
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     svg = render_svg(scenario_name, arch, result, candidates)
@@ -78,7 +79,6 @@ class BisectView:
 
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
                     candidates: Sequence[str], resume_command: str = "") -> str:
-    from lab.report.markdown import render
     tested = {p.version for p in result.steps}
     untested = [v for v in candidates if v not in tested]
     return render("bisect.md.j2", BisectView(

@@ -14,16 +14,19 @@ from __future__ import annotations
 import shlex
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from lab.build import releases
+from lab.build import era, releases
 from lab.build.casekey import content_key
+from lab.build.crossinstall import target_for
 from lab.build.hostpip import HostPip
 from lab.build.resolve import base_python, parse_arch, resolve
 from lab.cache_policy import inventory as cache_policy
+from lab.compare.diff import compare_runs
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
 from lab.core.results import (
@@ -31,6 +34,7 @@ from lab.core.results import (
     FOUND,
     RESULT_NAME,
     SKIP,
+    BlameStep,
     FailureSignature,
     FailureSignatures,
     Record,
@@ -40,13 +44,17 @@ from lab.core.results import (
     read_result,
 )
 from lab.drivers.bisect import BisectResult, Probe, bisect
+from lab.drivers.bisect_report import write_bisect_report
+from lab.drivers.blame import blame_boundary
+from lab.drivers.localize import is_compile_failure
+from lab.drivers.localize import localize as localize_case
 from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_all
-from lab.engine.docker_engine import Engine
+from lab.engine.gpu import cpu_variant_hint
+from lab.engine.protocol import Engine
 from lab.engine.routing import Fleet, NoEngineError
+from lab.pipeline import RunCase
+from lab.pipeline import run_case as production
 from lab.scenario.model import Scenario
-
-if TYPE_CHECKING:
-    from lab.pipeline import RunCase
 
 
 class Releases(Protocol):
@@ -157,19 +165,16 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     into `<folder>/localize/`. With `blame` (the default), the boundary pair is rebuilt with each
     other's and its own era's dependencies (lab.drivers.blame, runs under `<folder>/blame/`) to name
     the package that flips the verdict, or torch alone."""
-    from lab.drivers.bisect_report import write_bisect_report
     scenario, scenario_ref, old, new, arch = (request.scenario, request.scenario_ref, request.old, request.new,
                                               request.arch)
     pre, sets, keep_images, localize, blame = (request.pre, request.sets, request.keep_images, request.localize,
                                                request.blame)
     failed_differently = request.failed_differently
     if run_case is None:
-        from lab.pipeline import run_case as production
         run_case = production
 
     arch = choose_arch(scenario, arch)
     if scenario.gpu and fleet is not None:  # stop before any build where no engine gives the GPUs
-        from lab.engine.gpu import cpu_variant_hint
         fleet.routes(arch, True, f"a bisection of {scenario.name}",
                      cpu_variant_hint(scenario.cpu_variant).strip() or None)
     found = find_candidates(scenario, arch, old, new, candidates or index_releases(host), pre,
@@ -220,8 +225,7 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
             image = outcome.result.image
             if not keep_images and image is not None and not image.cached and outcome.result.local is None:
                 say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
-                on.anchor_shared_layers(image.tag)  # the apt and venv layers serve the next probe
-                on.remove_image(image.tag)
+                on.discard(image.tag)  # (Docker: the apt and venv layers serve the next probe)
             with lock:
                 cache_policy.enforce_cap(on, say, force=True)  # never raises: a problem is an event
         except EngineError:
@@ -294,7 +298,6 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         result = result.model_copy(update={"blame_summary": "not run (--no-blame)"})
     bad = _bad_release(result) if localize else None
     if bad is not None:
-        from lab.drivers.localize import localize as localize_case
         case = resolve(scenario, torch=bad, arch=arch, sets=sets)
         where = folder / "localize"
 
@@ -315,12 +318,7 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
            engine: Engine | None, fleet: Fleet | None, run_case: RunCase, events: Events, keep_images: bool,
            failed_differently: str) -> dict:
     """lab.drivers.blame with real runs (under `<folder>/blame/`, reused while their content key holds)."""
-    import time
 
-    from lab.build import era
-    from lab.build.crossinstall import target_for
-    from lab.core.results import BlameStep
-    from lab.drivers.blame import blame_boundary
     where = folder / "blame"
     steps = {p.version: p for p in result.steps}
 
@@ -355,8 +353,7 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
             outcome = run_case(case, on, host, runs_root, events, run_dir=run_dir, diagnose=False, collect_env=False)
             image = outcome.result.image
             if not keep_images and image is not None and not image.cached and outcome.result.local is None:
-                on.anchor_shared_layers(image.tag)
-                on.remove_image(image.tag)
+                on.discard(image.tag)
             return outcome.result.verdict.value
         try:
             verdict = go(engine) if fleet is None else on_engine(
@@ -379,7 +376,6 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
 def at_the_boundary(result: BisectResult) -> BisectResult:
     """The result with its boundary pinned to source and `lab compare`'s summary of the boundary pair
     (left out, with a note, when the pair cannot be compared)."""
-    from lab.compare.diff import compare_runs
     if result.status not in (FOUND, AMBIGUOUS) or not result.last_old or not result.first_new:
         return result
     steps = {p.version: p for p in result.steps}
@@ -397,7 +393,6 @@ def at_the_boundary(result: BisectResult) -> BisectResult:
 
 def _bad_release(result: BisectResult) -> str | None:
     """The boundary release that reproduces, when its failure came from the compiler stack."""
-    from lab.drivers.localize import is_compile_failure
     if result.status != FOUND:
         return None
     bad = result.first_new if result.to_verdict == "reproduced" else result.last_old
@@ -407,25 +402,23 @@ def _bad_release(result: BisectResult) -> str | None:
     return bad if is_compile_failure(Path(probe.run_dir)) else None
 
 
+def _only_engine(fleet: Fleet | None) -> Engine | None:
+    """The one engine of a bisection that runs on one engine only."""
+    return next(iter(fleet.engines.values())) if fleet is not None and len(fleet.engines) == 1 else None
+
+
 def _local_words(fleet: Fleet | None) -> tuple[str, ...]:
-    """`--engine local` (and `--trust-script`) for the resume command of a local-only bisection."""
-    if fleet is None or set(fleet.engines) != {"local"}:
-        return ()
-    options = getattr(fleet.engine("local"), "options", None)
-    return ("--engine", "local") + (("--trust-script",) if options is not None and options.trust_script else ())
+    """The flags that pick the bisection's one engine again in its resume command (`--engine local`
+    and `--trust-script` for the local engine; nothing for the default Docker engine)."""
+    engine = _only_engine(fleet)
+    return engine.resume_args() if engine is not None else ()
 
 
 def local_python(fleet: Fleet | None) -> str | None:
-    """The Python (X.Y) of a bisection that runs on the local engine only: its venvs are made from the
-    host's Python, whatever the scenario's base image has."""
-    if fleet is None or set(fleet.engines) != {"local"}:
-        return None
-    import os
-
-    from lab.build.localenv import default_python, probe_python
-    engine = fleet.engine("local")
-    python = getattr(engine, "options", None) and engine.options.python or default_python()
-    return ".".join(probe_python(os.path.realpath(python)).version.split(".")[:2])
+    """The Python (X.Y) of a bisection that runs on one engine whose environments are made with a
+    Python of its own (the local engine: the host's), whatever the scenario's base image has."""
+    engine = _only_engine(fleet)
+    return engine.environment_python() if engine is not None else None
 
 
 def _finished(run_dir: Path) -> RunResult | None:

@@ -24,15 +24,15 @@ import shlex
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from lab.analyze.evidence import read_text
 from lab.analyze.tracebacks import extract_exceptions
+from lab.build import era
 from lab.build.resolve import Case
 from lab.core.records import Events, no_events
 from lab.core.results import BisectorResult, LocalizeResult
-
-if TYPE_CHECKING:
-    from lab.pipeline import RunCase
+from lab.drivers.ablate import run_ablation
+from lab.pipeline import RunCase, _command, plan_for, read_torch_file, run_limits
 
 BISECTOR_MODULE = "torch/_inductor/compiler_bisector.py"
 _COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "torch._functorch.", "torch._export.")
@@ -93,7 +93,6 @@ def bisector_command(case: Case) -> list[str]:
     """The scenario's script under `python -m torch._inductor.compiler_bisector run`, with the backend
     the bisector tests handed on as LAB_BACKEND (what `ablation: via env` scripts and the lab's runner
     read)."""
-    from lab.pipeline import _command
     script = _command(case, through_runner=case.scenario.ablation.via == "hook")
     shim = 'LAB_BACKEND="${TORCH_COMPILE_BACKEND:-inductor}" exec "$@"'
     return ["python", "-m", "torch._inductor.compiler_bisector", "run", "sh", "-c", shim, "sh", *script]
@@ -103,8 +102,6 @@ def run_bisector(case: Case, engine, tag: str, folder: Path, events: Events = no
                  source: str | None = None) -> BisectorResult:
     """Run compiler_bisector in the image `tag`; `source` is the module's text read from the image
     (None: the release does not ship it)."""
-    from lab.analyze.evidence import read_text
-    from lab.pipeline import run_limits
     if source is None:
         return BisectorResult(available=False, ran=False,
                               words=f"torch {case.torch} does not ship torch._inductor.compiler_bisector, so "
@@ -151,10 +148,6 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
              read_source: Callable[[str], str | None] | None = None) -> LocalizeResult:
     """The ablation, then compiler_bisector, on the image of `case`; writes localize.json and
     localize.md into `folder`."""
-    from lab.build.image import build_image
-    from lab.build.render import plan_build
-    from lab.drivers.ablate import run_ablation
-    from lab.pipeline import is_local, read_torch_file
     folder.mkdir(parents=True, exist_ok=True)
     case = replace(case, backend=None, mode=None)
     if case.scenario.ablation.via == "none":
@@ -163,7 +156,7 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
         events("localize", f"backend ablation of torch {case.torch}")
         ablated = run_ablation(case, engine, host, runs_root, events, run_case=run_case)
         layer, ablation, ablation_dir = ablated.conclusion.layer, ablated.conclusion.words, str(ablated.folder)
-    if is_local(engine):
+    if not engine.keeps_images:
         # the local engine runs the script in a venv, not an image that compiler_bisector can be
         # started in; the ablation above ran there, the bisector is for a Docker engine
         bisector = BisectorResult(available=False, ran=False,
@@ -171,11 +164,10 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
                                         f"local engine has none (`lab localize {case.scenario.name} --torch "
                                         f"{case.torch}` on a Docker engine runs it)")
     else:
-        from lab.build import era
-        plan = plan_build(era.apply(case, host)[0], host, events)  # the dependencies the ablation's runs had
-        image = build_image(plan, engine, host, events, folder / "build.log")  # the ablation's image, cached
-        reader = read_source or (lambda rel: _decoded(read_torch_file(engine, image.tag, case, rel)))
-        bisector = run_bisector(case, engine, image.tag, folder, events, reader(BISECTOR_MODULE))
+        plan = plan_for(era.apply(case, host)[0], engine, host, events)  # the dependencies the ablation's runs had
+        image = engine.prepare(case, plan, host, folder, events)  # the ablation's image, cached
+        reader = read_source or (lambda rel: _decoded(read_torch_file(engine, image.ref, case, rel)))
+        bisector = run_bisector(case, engine, image.ref, folder, events, reader(BISECTOR_MODULE))
     conclusion = "; ".join(filter(None, [f"layer: {layer}" if layer else ablation, bisector.words]))
     result = LocalizeResult(scenario=case.scenario.name, torch=case.torch, arch=case.arch.value, layer=layer,
                             ablation=ablation, ablation_dir=ablation_dir, bisector=bisector, conclusion=conclusion)

@@ -25,6 +25,7 @@ from lab.core.results import (
     Verdict,
 )
 from lab.drivers.parallel import run_all
+from lab.report.html import write_matrix_html
 from lab.scenario.model import Scenario
 
 
@@ -246,7 +247,6 @@ MATRIX_JSON = "matrix.json"
 def write_matrix_folder(runs_root: Path, result: MatrixResult, now: datetime | None = None) -> Path:
     """runs/<scenario>/matrix-<timestamp>/ with matrix.json and report.html (the grid of cells, each
     linked to its last run's report); the returned result's `folder` names it."""
-    from lab.report.html import write_matrix_html
     now = now or datetime.now(timezone.utc)
     parent = runs_root / result.scenario
     parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from lab.core.errors import EngineError
 from lab.core.records import Events, no_events
-from lab.engine.docker_engine import Engine
+from lab.engine.protocol import Engine
 from lab.engine.routing import Fleet
 
 T = TypeVar("T")

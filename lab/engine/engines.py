@@ -22,9 +22,12 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from lab.core.arch import Arch
+from lab.core.cache import cache_root
 from lab.core.errors import EngineError
-from lab.engine.docker_engine import Engine, current_context_name, docker_context, env_tls
+from lab.engine.docker_client import context_address, current_address, env_tls, socket_on_this_host
+from lab.engine.docker_engine import DockerEngine
 from lab.engine.local_engine import LOCAL, LocalEngine, LocalOptions, memory_bytes
+from lab.engine.protocol import Engine
 
 GiB = 1024**3
 # One probe or matrix cell (pip, Inductor's C++ compiler, QEMU) wants about two cores and 4 GiB.
@@ -104,20 +107,13 @@ class EngineFacts:
 
 def current_spec() -> EngineSpec:
     """The engine the docker CLI would use: DOCKER_HOST, else DOCKER_CONTEXT, else the current context."""
-    host = os.environ.get("DOCKER_HOST")
-    if host:
-        return EngineSpec("default", host, "current", tls=env_tls())
-    name = os.environ.get("DOCKER_CONTEXT") or current_context_name()
-    return _from_context(name, "current")
+    name, url, tls, problem = current_address()
+    return EngineSpec(name, url, "current", tls=tls, problem=problem)
 
 
 def _from_context(name: str, source: str) -> EngineSpec:
-    found = docker_context(name)
-    if found is None:
-        return EngineSpec(name, None, source, problem=f"no Docker context named {name!r} "
-                                                      "(see `docker context ls`)")
-    host, tls = found
-    return EngineSpec(name, host, source, tls=tls if host.startswith("tcp://") else None)
+    name, url, tls, problem = context_address(name)
+    return EngineSpec(name, url, source, tls=tls, problem=problem)
 
 
 def parse_spec(text: str, source: str) -> EngineSpec:
@@ -159,13 +155,7 @@ def connect(spec: EngineSpec, answer_within: float = CONNECT_TIMEOUT_S) -> Engin
         return LocalEngine(spec.options if isinstance(spec.options, LocalOptions) else None)
     if spec.problem or not spec.url:
         raise EngineError(f"engine {spec.name}: {spec.problem or 'no address'}.")
-    return Engine.connect_url(spec.url, name=spec.name, tls=spec.tls, answer_within=answer_within)
-
-
-def is_local_socket(url: str | None) -> bool:
-    if not url or not url.startswith("unix://"):
-        return False
-    return Path(urlparse(url).path or url[len("unix://"):]).exists()
+    return DockerEngine.connect_url(spec.url, name=spec.name, tls=spec.tls, answer_within=answer_within)
 
 
 def emulated_arches(native: str) -> tuple[str, ...]:
@@ -196,7 +186,7 @@ def describe(spec: EngineSpec, engine: Engine | None = None) -> EngineFacts:
         arch = engine.arch.value
     except EngineError as exc:
         return EngineFacts(**base, reachable=False, reason=exc.message.rstrip("."))
-    local = is_local_socket(spec.url)
+    local = socket_on_this_host(spec.url)
     free, note = None, "not visible from this host (a remote engine)"
     if local:
         root = info.get("DockerRootDir") or "/var/lib/docker"
@@ -213,7 +203,6 @@ def describe(spec: EngineSpec, engine: Engine | None = None) -> EngineFacts:
 def describe_local(spec: EngineSpec, engine: LocalEngine | None = None) -> EngineFacts:
     """The local engine's facts: this host's arch (and no other: it never emulates), CPUs, memory,
     NVIDIA devices, free disk under the cache folder, and its confinement."""
-    from lab.core.cache import cache_root
     engine = engine or LocalEngine(spec.options if isinstance(spec.options, LocalOptions) else None)
     try:
         arch = engine.arch.value

@@ -15,15 +15,16 @@ arm64), imported in milliseconds.
 
 from __future__ import annotations
 
-import io
 import struct
-import tarfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import BinaryIO
 
+from lab.build.resolve import Case
 from lab.core.arch import Arch
 from lab.core.errors import EngineError, NoGpuRuntimeError
+from lab.core.tarwrite import add_bytes, add_dir, stream_tar
+from lab.scenario.bases import DEFAULT_BASE
 
 TEST_REPO = "torch-repro-lab/gpu-check"  # the lab's test image: `<repo>:<arch>`, one static `true`
 BASE_REPO = "torch-repro-lab/debian"     # bootstrapped Debian bases (lab.build.base.BOOTSTRAP_REPO)
@@ -64,7 +65,7 @@ def check(engine, make_image: bool = False) -> GpuCheck:
         if found is None:
             return GpuCheck(None, "not checked: the engine has no image to start a test container from "
                                   f"(the lab's Debian base of {engine.arch.value} would do: "
-                                  f"`lab build-base debian:bookworm --arch {engine.arch.value}`)")
+                                  f"`lab build-base {DEFAULT_BASE} --arch {engine.arch.value}`)")
         ref, command = found
         try:
             ok, answer = engine.try_gpu_request(ref, command)
@@ -103,14 +104,10 @@ def test_image(engine, make: bool) -> tuple[str, list[str]] | None:
 def write_test_tar(out: BinaryIO, arch: Arch) -> None:
     """The test image's filesystem: /true (a static program that exits 0), /etc and /tmp."""
     program = true_program(arch)
-    with tarfile.open(fileobj=out, mode="w|") as tar:
+    with stream_tar(out) as tar:
         for folder in ("etc", "tmp"):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        info = tarfile.TarInfo("true")
-        info.size, info.mode = len(program), 0o755
-        tar.addfile(info, io.BytesIO(program))
+            add_dir(tar, folder)
+        add_bytes(tar, "true", program, mode=0o755)
 
 
 def true_program(arch: Arch) -> bytes:
@@ -129,6 +126,19 @@ def true_program(arch: Arch) -> bytes:
 
 def cpu_variant_hint(variant: str | None) -> str:
     return f" Or run its CPU variant: `lab run {variant}`." if variant else ""
+
+
+def check_case(case: Case, engine) -> None:
+    """Refuse a GPU scenario before its build where the Docker `engine` cannot give it the GPUs:
+    the engine answers a test container that requests them all, so what stops the run is the
+    engine's own refusal. A CPU scenario asks nothing."""
+    if not case.scenario.gpu:
+        return
+    answer = check(engine, make_image=True)
+    if answer.ok is None and not engine.has_gpu_runtime():  # no test container could be started
+        answer = replace(answer, ok=False, answer=f"{answer.answer}; and it lists no nvidia runtime")
+    if answer.ok is False:
+        raise refusal(case.scenario.name, engine, answer, case.scenario.cpu_variant)
 
 
 def refusal(name: str, engine, answer: GpuCheck, cpu_variant: str | None = None) -> NoGpuRuntimeError:

@@ -44,18 +44,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import io
 import json
 import os
 import platform
-import queue
 import re
 import resource
 import shutil
 import signal
 import socket
 import subprocess
-import tarfile
 import tempfile
 import threading
 import time
@@ -63,17 +60,42 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.build.hostpip import HostPip
+from lab.build.layout import (
+    FREEZE_FILE,
+    LAB_DIR,
+    OUT,
+    OUT_FOLDERS,
+    REPRO_DIR,
+    RUN_HOME,
+    RUN_UID,
+    RUN_USER_NAME,
+    TOOLS_DIR,
+    VENV,
+)
+from lab.build.localenv import check_system_packages, default_python, prepare_local, probe_python
+from lab.build.render import BuildPlan
+from lab.build.resolve import Case
 from lab.core.arch import Arch
-from lab.core.errors import EngineError, LabError
-from lab.core.records import STOPPED_OUT_FULL, Events, LocalImage, RawRun, RunLimits, format_bytes
+from lab.core.errors import EngineError, LabError, NoGpuRuntimeError
+from lab.core.records import (
+    STOPPED_OUT_FULL,
+    BuiltImage,
+    Events,
+    ImageUsage,
+    LocalImage,
+    RawRun,
+    RunLimits,
+    format_bytes,
+    no_events,
+)
+from lab.core.results import LocalRef
 from lab.core.safetar import extract_outputs
+from lab.core.tarwrite import folder_chunks
+from lab.engine.protocol import Pending, nothing_pending
 from lab.engine.streams import StreamFile
 
 LOCAL = "local"
-RUN_UID = 10001
-OUT = "/out"
-LAB_DIR = "/lab"
-OUT_FOLDERS = ("ld", "diag", "trace", "compile_debug")  # made in /out before the run, as in the images
 # The host's system, seen read-only by the script. The merged-/usr links stay links.
 SYSTEM_DIRS = ("/usr", "/opt/nvidia")
 # Of the host's /etc, only these (where they exist), read-only: the dynamic loader's cache and
@@ -161,7 +183,7 @@ def host_libc() -> str:
 
 def _user_name() -> str:
     try:
-        import pwd
+        import pwd  # optional: POSIX only
         return pwd.getpwuid(os.getuid()).pw_name
     except (KeyError, ImportError):
         return f"uid {os.getuid()}"
@@ -220,9 +242,9 @@ def etc_files() -> dict[str, str]:
     lookups from those files (and DNS, where there is network) only."""
     return {
         "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                  f"lab:x:{RUN_UID}:{RUN_UID}:lab:/tmp:/usr/sbin/nologin\n"
+                  f"{RUN_USER_NAME}:x:{RUN_UID}:{RUN_UID}:lab:{RUN_HOME}:/usr/sbin/nologin\n"
                   "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-        "group": f"root:x:0:\nlab:x:{RUN_UID}:\nnogroup:x:65534:\n",
+        "group": f"root:x:0:\n{RUN_USER_NAME}:x:{RUN_UID}:\nnogroup:x:65534:\n",
         "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
         "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
                          "protocols: files\nservices: files\nethers: files\nrpc: files\n",
@@ -297,7 +319,7 @@ def _system_args(made: set[str] | None = None, made_etc: Path | None = None, *, 
 
 
 def sandbox_args(*, tool: str, image: LocalImage, out: Path, limits: RunLimits, as_root: bool,
-                 cwd: str = LAB_DIR + "/repro", made_etc: Path | None = None,
+                 cwd: str = REPRO_DIR, made_etc: Path | None = None,
                  ca_bundle: str | None = None) -> list[str]:
     """The bwrap command line (up to the command itself) for one run. Pure: tests read it.
     `made_etc` holds the lab's /etc files (write_etc); `ca_bundle` is shown when under /etc."""
@@ -314,8 +336,8 @@ def sandbox_args(*, tool: str, image: LocalImage, out: Path, limits: RunLimits, 
         made.add(bind)
     if "/lab" not in made:
         args += ["--perms", "0755", "--dir", LAB_DIR]
-    args += ["--ro-bind", str(image.lab_dir / "repro"), LAB_DIR + "/repro",
-             "--ro-bind", str(image.lab_dir / "tools"), LAB_DIR + "/tools",
+    args += ["--ro-bind", str(image.lab_dir / "repro"), REPRO_DIR,
+             "--ro-bind", str(image.lab_dir / "tools"), TOOLS_DIR,
              "--bind", str(out), OUT]
     if limits.network:
         for resolv in ("/run/systemd/resolve", "/run/resolvconf"):
@@ -386,18 +408,49 @@ class LocalEngine:
     def engine_id(self) -> str:
         return "local-" + hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
 
-    @property
-    def is_local(self) -> bool:
-        return True
-
-    def info(self) -> dict:
-        return {"Runtimes": {"nvidia": {}} if self.has_gpu_runtime() else {}}
-
     def has_gpu_runtime(self) -> bool:
         return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
 
+    @property
+    def gpu(self) -> bool:
+        return self.has_gpu_runtime()
+
+    @property
+    def native_arches(self) -> frozenset[Arch]:
+        return frozenset({self.arch})
+
+    @property
+    def emulates(self) -> bool:
+        return False  # another arch is refused (check_native): a Docker engine emulates
+
+    @property
+    def confined(self) -> bool:
+        return self.confinement.confined
+
+    @property
+    def unconfined_reason(self) -> str | None:
+        c = self.confinement
+        return None if c.confined else c.problem
+
+    @property
+    def keeps_images(self) -> bool:
+        return False  # a venv or the current Python, not an image a later command starts in
+
+    @property
+    def cross_installs(self) -> bool:
+        return False  # uv makes the venv itself (lab.build.localenv); the BuildPlan is only a record
+
     def alive(self) -> bool:
         return True
+
+    def environment_python(self) -> str | None:
+        """X.Y of the Python its venvs are made from (--python, the `local.python` setting, or the
+        default): the host's, whatever the scenario's base image has."""
+        python = self.options.python or default_python()
+        return ".".join(probe_python(os.path.realpath(python)).version.split(".")[:2])
+
+    def resume_args(self) -> tuple[str, ...]:
+        return ("--engine", LOCAL) + (("--trust-script",) if self.options.trust_script else ())
 
     # --- before a run ----------------------------------------------------------
     def check_native(self, arch: Arch, what: str) -> None:
@@ -417,6 +470,40 @@ class LocalEngine:
                 hint="Install bubblewrap (as root: `apt-get install bubblewrap`, or `bin/setup-host`), or read "
                      "the script and rerun with --trust-script (the report then says \"not confined\").")
         return c
+
+    def check(self, case: Case, events: Events = no_events) -> str | None:
+        """A GPU case needs the NVIDIA device nodes; then another arch, a script it cannot confine
+        (without --trust-script) and system packages the host lacks are refused. Returns where the
+        system packages came from, in words."""
+        if case.scenario.gpu and not self.gpu:
+            variant = case.scenario.cpu_variant
+            hint = (f"Run its CPU variant instead: `lab run {variant}`." if variant else
+                    "Run it on an engine with the NVIDIA container runtime (see `lab doctor`).")
+            raise NoGpuRuntimeError(f"{case.scenario.name} needs a GPU, and this host has no NVIDIA device "
+                                    "(/dev/nvidiactl, /dev/nvidia0).", hint=hint)
+        self.check_native(case.arch, case.name)
+        self.check_confinement()
+        return check_system_packages(case, events)
+
+    def begin(self, case: Case, events: Events = no_events) -> Pending:
+        return nothing_pending  # no base image: the host is the base
+
+    def prepare(self, case: Case, plan: BuildPlan, host: HostPip, run_dir: Path, events: Events = no_events,
+                *, ready: Pending = nothing_pending) -> BuiltImage:
+        """The case's venv (made by uv, cached by its requirements) or the current Python; `plan`
+        is only the run folder's record."""
+        return prepare_local(case, host, run_dir, python_env=self.options.python_env, python=self.options.python,
+                             gpu=case.scenario.gpu, events=events, log=run_dir / "build.log")
+
+    def describe(self, image: BuiltImage, limits: RunLimits, system: str | None) -> LocalRef | None:
+        """This host (OS, libc), the environment's Python and kind, and the confinement in words."""
+        env = image.local
+        if env is None:
+            return None
+        confinement = self.confinement
+        return LocalRef(os=host_os(), libc=host_libc(), python=env.python_version, python_env=env.kind,
+                        environment=env.where, system_packages=system or "", confined=confinement.confined,
+                        confinement=confinement.words(limits.network))
 
     # --- running -------------------------------------------------------------
     def run(self, image: LocalImage, command: list[str], env: dict[str, str], out_dir: Path, logs_dir: Path,
@@ -452,7 +539,7 @@ class LocalEngine:
             if watch.over is not None:
                 stopped_for = STOPPED_OUT_FULL
                 events("run", f"/out grew past its cap ({format_bytes(limits.output_bytes)}): the run was stopped")
-            outputs = extract_outputs(_tar_chunks(out), out_dir, max_total_bytes=limits.output_bytes,
+            outputs = extract_outputs(folder_chunks(out), out_dir, max_total_bytes=limits.output_bytes,
                                       max_files=limits.output_files, reserved=reserved)
         return RawRun(exit_code=exit_code, timed_out=timed_out, oom_killed=False, duration_s=duration,
                       stdout_path=logs_dir / "stdout.txt", stderr_path=logs_dir / "stderr.txt",
@@ -462,9 +549,10 @@ class LocalEngine:
 
     def output_of(self, image: LocalImage, command: list[str], arch: Arch, timeout: float,
                   labels: dict[str, str], background: bool = False,
-                  env: dict[str, str] | None = None) -> tuple[int | None, str]:
+                  env: dict[str, str] | None = None, gpus: bool = False) -> tuple[int | None, str]:
         """Run a short command confined like a run, with `env`; (exit code, stdout and stderr together).
-        `background` changes nothing here: the local engine runs natively, never beside an emulated script."""
+        `background` changes nothing here: the local engine runs natively, never beside an emulated script.
+        `gpus` neither: the environment's `gpu` decides whether the device nodes are passed through."""
         with tempfile.TemporaryDirectory(prefix="lab-local-") as tmp:
             raw = self.run(image, command, dict(env or {}), Path(tmp) / "out", Path(tmp), arch, timeout, labels,
                            lambda s, m: None, RunLimits(memory_bytes=None if image.gpu else 8 * 1024**3))
@@ -475,7 +563,7 @@ class LocalEngine:
     def read_file(self, image: LocalImage, path: str) -> bytes | None:
         """What a container's file would hold: the freeze, or a file of the venv's site-packages
         (`torch/version.py`), found in the environment's own site-packages folders."""
-        if path == "/lab/pip-freeze.txt" and image.freeze:
+        if path == FREEZE_FILE and image.freeze:
             return image.freeze.encode()
         wanted = _IMAGE_SITE_FILE.match(path)
         if wanted is None:
@@ -550,21 +638,17 @@ class LocalEngine:
                     last = time.monotonic()
                     events("run", f"{last - started:.0f} s")
 
-    # --- what the drivers and the cache policy call ----------------------------
-    def anchor_shared_layers(self, ref, marker: str = "") -> None:
-        return None
+    # --- housekeeping ------------------------------------------------------------
+    def discard(self, tag: str) -> None:
+        """Nothing: a probe's venv is a cache entry, shared by probes of the same requirements; the
+        cache cap evicts it."""
 
-    def remove_image(self, ref) -> bool:
-        return False  # venvs are cache entries: the cache cap evicts them
-
-    def managed_images(self) -> list:
+    def managed_images(self) -> list[ImageUsage]:
+        """None: the local engine holds no images (its venvs are cache entries, in the inventory)."""
         return []
 
-    def remove_unused_image(self, image) -> bool:
-        return False
-
-    def image_tags(self, pattern: str) -> list[str]:
-        return []
+    def remove_unused_image(self, image: ImageUsage) -> bool:
+        return False  # it holds no images (managed_images is empty)
 
     def remove_session_containers(self) -> int:
         """Ctrl-C: end every run this process started here; from then on none starts."""
@@ -575,13 +659,10 @@ class LocalEngine:
             _kill(proc)
         return len(running)
 
-    def managed_containers(self) -> list[str]:
-        return []
-
 
 def _translate(word: str, image: LocalImage, out: Path) -> str:
-    for inside, outside in ((OUT, str(out)), (LAB_DIR + "/repro", str(image.lab_dir / "repro")),
-                            (LAB_DIR + "/tools", str(image.lab_dir / "tools"))):
+    for inside, outside in ((OUT, str(out)), (REPRO_DIR, str(image.lab_dir / "repro")),
+                            (TOOLS_DIR, str(image.lab_dir / "tools"))):
         if word == inside or word.startswith(inside + "/"):
             return outside + word[len(inside):]
     return word
@@ -727,65 +808,6 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
-class _Chunks(io.RawIOBase):
-    """A write-only file whose writes become chunks on a bounded queue (a tar streamed to a reader)."""
-
-    def __init__(self, q: queue.Queue, stop: threading.Event) -> None:
-        self.q, self.stop = q, stop
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:  # type: ignore[override]
-        data = bytes(b)
-        while not self.stop.is_set():
-            try:
-                self.q.put(data, timeout=0.5)
-                return len(data)
-            except queue.Full:
-                continue
-        raise OSError("the reader stopped")
-
-
-def _tar_chunks(out: Path) -> Iterator[bytes]:
-    """/out as an uncompressed tar stream, written as an engine's archive API would (links, fifos and
-    hard links as tar members, never followed), for lab.core.safetar.extract_outputs. Every process
-    of the run has ended: nothing changes the folder while it is read."""
-    q: queue.Queue = queue.Queue(maxsize=64)
-    stop = threading.Event()
-    done = object()
-    failure: list[BaseException] = []
-
-    def produce() -> None:
-        try:
-            with tarfile.open(fileobj=_Chunks(q, stop), mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(str(out), arcname=".", recursive=True)
-        except BaseException as exc:  # noqa: BLE001 - handed to the reader
-            failure.append(exc)
-        finally:
-            with contextlib.suppress(Exception):
-                while not stop.is_set():
-                    try:
-                        q.put(done, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-
-    thread = threading.Thread(target=produce, daemon=True, name="lab-local-tar")
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                break
-            yield item
-        if failure and not isinstance(failure[0], OSError):
-            raise OSError(f"reading /out failed: {failure[0]}")
-    finally:
-        stop.set()
-        thread.join(10)
-
-
 @dataclass(frozen=True)
 class LocalFacts:
     """What `lab engines` says of the local engine."""
@@ -809,7 +831,7 @@ def memory_bytes() -> int | None:
     return None
 
 
-_IMAGE_SITE_FILE = re.compile(r"^/opt/venv/lib/python[0-9.]+/site-packages/([^\0]+)$")
+_IMAGE_SITE_FILE = re.compile("^" + re.escape(VENV) + r"/lib/python[0-9.]+/site-packages/([^\0]+)$")
 _READ_FILE_BYTES = 64 * 1024**2
 
 

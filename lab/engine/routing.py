@@ -19,10 +19,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from lab.core.errors import LabError
+from lab.core.errors import EngineError, LabError
 from lab.engine import gpu as gpu_words
-from lab.engine.docker_engine import Engine
-from lab.engine.engines import EngineFacts
+from lab.engine.engines import EngineFacts, engine_specs, survey
+from lab.engine.protocol import Engine
 
 _ORDER = {"native": 0, "emulated": 1, "maybe": 2}
 
@@ -196,10 +196,7 @@ def open_fleet(flags: Sequence[str] = (), configured: Sequence[str] = (), jobs: 
                warn=lambda message: None, local=None) -> Fleet:
     """The engines a run may use: those named with `--engine` only, else the current engine and the
     configured ones. Unreachable engines are skipped with a warning; none reachable is an EngineError."""
-    from dataclasses import replace
 
-    from lab.core.errors import EngineError
-    from lab.engine.engines import engine_specs, survey
     specs = engine_specs(flags, (), include_current=False) if flags else engine_specs((), configured)
     specs = [replace(s, options=local) if s.kind == "local" else s for s in specs]
     members = survey(specs)

@@ -17,14 +17,14 @@ from lab.core.arch import Arch
 from lab.issue import releases
 from lab.issue.fetch import IssueError, IssuePage
 from lab.issue.parse import Block, Kind, blocks, named_versions
+from lab.scenario.bases import DEFAULT_BASE, OLD_BASE, base_python
 
 __all__ = ["Fact", "Inference", "infer"]
 
 GPU_BASE = "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
-CPU_BASE = "debian:bookworm"
-CPU_PYTHON = "3.11"
-OLD_BASE = "debian:bullseye"   # Python 3.9: torch.compile before 2.1.0 refuses Python 3.11
-OLD_PYTHON = "3.9"
+CPU_BASE = DEFAULT_BASE
+CPU_PYTHON = str(base_python(DEFAULT_BASE))  # 3.11
+OLD_PYTHON = str(base_python(OLD_BASE))      # 3.9
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lab.build.casekey import content_key
+from lab.build.resolve import check_deps, resolve
+from lab.compare.comment import relative_paths, render_comment
+from lab.compare.diff import boundary_pair, compare_runs
+from lab.core.errors import LabError
+from lab.core.scrub import scrub_text
+from lab.scenario.lookup import load_scenario
+
 __all__ = ["RunStep", "BisectStep", "TriageState", "compare_seam", "run_triage", "summary_lines"]
 
 STATE_FILE = "triage.json"
@@ -100,12 +108,8 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
         note("from-issue", f"wrote {yaml_path} (torch {torch}, {arch})")
     else:
         note("from-issue", f"{state.scenario} (from the earlier triage)")
-    from lab.build.casekey import content_key
-    from lab.build.resolve import resolve
-    from lab.scenario.lookup import load_scenario
     scenario = load_scenario(state.scenario)
     if deps is not None:
-        from lab.build.resolve import check_deps
         scenario = scenario.model_copy(update={"deps": check_deps(deps)})
     torch, arch = scenario.torch[0], scenario.arch[0].value
 
@@ -180,9 +184,6 @@ def compare_seam(runner: Callable[[str, str], dict] | None = None) -> Compare:
 
 
 def _lab_compare(state: TriageState) -> dict:
-    from lab.compare.comment import render_comment
-    from lab.compare.diff import boundary_pair, compare_runs
-    from lab.core.errors import LabError
 
     folder = Path(state.bisect.folder) if state.bisect and state.bisect.folder else None
     try:
@@ -240,8 +241,6 @@ def comment_text(state: TriageState) -> str:
     """A comment for the upstream issue: the answer, the runs, and how to repeat them. It names no
     path of the user's (issue 33): folders under the runs folder relative to it (as `lab comment`
     does), a saved page by its file's name, the home folder as `~`."""
-    from lab.compare.comment import relative_paths
-    from lab.core.scrub import scrub_text
     text = _comment_text(state)
     for step in (state.page_run, state.newest_run):
         if step is not None and step.run_dir:

@@ -29,9 +29,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lab.build.casekey import content_key
+from lab.build.resolve import resolve
 from lab.core import exitcodes as codes
 from lab.issue.fetch import IssueError
 from lab.issue.triage import STATE_FILE, TriageState, summary_lines
+from lab.scenario.lookup import load_scenario
 
 __all__ = ["BatchSummary", "IssueSummary", "JobOutcome", "TriageJob", "batch_exit", "local_runner",
            "read_sources", "run_batch", "triage_folder", "triage_key"]
@@ -183,9 +186,6 @@ def finished(job: TriageJob) -> tuple[TriageState | None, str]:
     if not state.scenario or not Path(state.scenario).is_file():
         return None, "its scenario is gone: triaged again"
     try:
-        from lab.build.casekey import content_key
-        from lab.build.resolve import resolve
-        from lab.scenario.schema import load_scenario
         scenario = load_scenario(state.scenario)
         arch = scenario.arch[0].value
         for step in (state.page_run, state.newest_run):

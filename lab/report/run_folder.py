@@ -23,6 +23,7 @@ from lab.build.casekey import ContentKey
 from lab.build.era import DepSet, freeze_versions, pins_to_versions
 from lab.build.resolve import Case
 from lab.core.arch import with_emulated_env
+from lab.core.config import current
 from lab.core.errors import LabError
 from lab.core.records import STOPPED_EMULATOR, STOPPED_OUT_FULL, BaseImage, BuiltImage, format_bytes
 from lab.core.results import (
@@ -39,6 +40,9 @@ from lab.core.results import (
     UnfinishedRun,
 )
 from lab.core.runmarker import mark_run
+from lab.report.html import write_run_html
+from lab.report.markdown import render
+from lab.scenario.lookup import find_by_name
 
 _LOG_TAIL_LINES = 200
 
@@ -183,7 +187,6 @@ def write_results(rec: RunRecord) -> RunResult:
 def write_html(run_dir: Path) -> str | None:
     """report.html beside report.md (lab.report.html), written after every other record: a failure
     to write it is a note (returned, and logged), never a lost run."""
-    from lab.report.html import write_run_html
     try:
         write_run_html(run_dir)
     except (OSError, LabError) as exc:
@@ -295,7 +298,6 @@ class ReportView:
 def render_report(rec: RunRecord) -> str:
     """In the order of PyTorch's pt2-bug-report.yml: the bug (with its trace, ablation and a
     minimal reproducer), then the error logs, then the versions."""
-    from lab.report.markdown import render
     return render("report.md.j2", report_view(rec))
 
 
@@ -430,8 +432,6 @@ def scenario_ref(case: Case) -> str:
     file (a project or shipped scenario, lab.config's search path), else its file's name. Never its
     path: report.md goes into bundles for an upstream issue, and the path is the user's (issue 33);
     scenario.yaml's `resolved.source_file` keeps it for the user."""
-    from lab.core.config import current
-    from lab.scenario.lookup import find_by_name
     source = case.scenario.source
     if source is None:
         return case.scenario.name

@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from lab.core.config import current
 from lab.core.errors import ScenarioError
 from lab.core.resources import shipped_scenarios_dir
 from lab.scenario.errors import display_path, is_file, scenario_error
@@ -19,7 +20,7 @@ from lab.scenario.model import Scenario
 def default_scenarios_dir() -> Path:
     """The shipped scenarios (package data, lab.scenarios). The CLI searches the project's
     `scenarios/` first (lab.config); library calls without a folder use this one."""
-    return shipped_scenarios_dir()
+    return shipped_scenarios_dir(current().cache_dir)
 
 
 SCENARIOS_DIR: Path = default_scenarios_dir()

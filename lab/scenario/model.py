@@ -36,6 +36,7 @@ from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
 from lab.core.results import FailureSignature
 from lab.core.runtimes import RUNTIME_FAMILIES
+from lab.core.sizes import parse_size  # the one size grammar (lab.core.sizes)
 from lab.scenario.errors import display_path, is_file, scenario_error, show_value
 
 # The runtime families the loader-log analysis can tell apart (one table, in lab.loader).
@@ -322,31 +323,8 @@ def _check_runtime(value: str) -> str:
     return value
 
 
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
-# Docker's own reading of --memory (go-units RAMInBytes): every unit is binary, with or without "i"/"b".
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 MIN_MEMORY_BYTES = 6 << 20  # Docker refuses less than 6 MiB
 MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: anything above is a typo
-
-
-def parse_size(value: str | int) -> int:
-    """Bytes in a Docker-style size: `512m`, `8g`, `8GiB`, `1.5g`, `1048576`; ValueError if unreadable.
-
-    Units are binary whatever their spelling (k = kb = kib = 1024), as `docker run --memory` reads them.
-    """
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"not a size: {show_value(value)}")
-    if isinstance(value, int):
-        return value
-    match = _SIZE_RE.fullmatch(value) if len(value) <= 32 else None
-    unit = match.group(2).lower() if match else ""
-    if unit.endswith("b") and len(unit) > 1:
-        unit = unit[:-1]
-    if unit.endswith("i") and len(unit) > 1:
-        unit = unit[:-1]
-    if match is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"not a size: {show_value(value)}")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 def _check_memory(value: Any) -> str:

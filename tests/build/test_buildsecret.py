@@ -102,7 +102,7 @@ class FakeEngine:
     engine_id = "fake-engine"
 
     def __init__(self, local: bool = True, fail_with: BuildError | None = None) -> None:
-        self.is_local = local
+        self.on_this_host = local
         self.fail_with = fail_with
         self.calls: list[dict] = []
 

@@ -197,12 +197,13 @@ def test_layers_before_the_script_do_not_depend_on_scenario_or_torch():
 def test_the_dockerfile_splits_where_it_copies_the_site_image():
     """The lab builds its Dockerfile in two parts around `COPY --from=site`, with the tree stacked on
     the first part's image as one layer (lab.build.image); the two parts are the whole, less that line."""
-    from lab.build.render import STACK_ARG, split_for_stacking
+    from lab.build.render import STACK_ARG, render_parts
     text = render_dockerfile(case("libgomp-aarch64"))
-    prefix, suffix, venv = split_for_stacking(text)
+    prefix, suffix, venv = render_parts(case("libgomp-aarch64"))  # rendered apart, never cut out of `text`
     assert venv == "/opt/venv"
     assert prefix.rstrip().endswith("PATH=/opt/venv/bin:$PATH") and "RUN python3 -m venv /opt/venv" in prefix
     assert suffix.startswith(f"ARG {STACK_ARG}\nFROM ${{{STACK_ARG}}}\nCOPY wheels/ /lab/wheels/\n")
     copy = "COPY --from=site / /opt/venv/\n"
     assert prefix + copy + suffix.split("\n", 2)[2] == text
-    assert split_for_stacking(text.replace(copy, "")) is None  # a Dockerfile without it is built whole
+    gpu_prefix, gpu_suffix, _ = render_parts(case("dlpack-cuda"))  # the CUDA template's parts, the same way
+    assert gpu_prefix + copy + gpu_suffix.split("\n", 2)[2] == render_dockerfile(case("dlpack-cuda"))

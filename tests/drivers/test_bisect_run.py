@@ -56,6 +56,10 @@ class FakeEngine:
     def remove_image(self, tag: str) -> None:
         self.removed.append(tag)
 
+    def discard(self, tag: str) -> None:  # lab.engine.protocol: what a bisection calls
+        self.anchor_shared_layers(tag)
+        self.remove_image(tag)
+
 
 def releases(*, python: str, arch: str, include_pre: bool) -> list[str]:
     assert (python, arch, include_pre) == ("3.11", "arm64", False)

@@ -85,6 +85,7 @@ def test_on_the_local_engine_the_bisector_is_not_run_and_the_reason_is_said(tmp_
 
     class LocalOnly(SimpleNamespace):
         kind = "local"
+        keeps_images = False  # (lab.engine.protocol: what the local engine says of itself)
 
         def __getattr__(self, name):  # any Docker-only call is a failure of the test
             raise AssertionError(f"the local engine was asked for {name}")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lab.build.layout import OUT as OUT_IN_CONTAINER
+from lab.build.layout import RUN_UID, RUN_USER
 from lab.core.arch import Arch
 from lab.core.records import STREAM_TAIL_BYTES, RunLimits
-from lab.engine.docker_engine import OUT_IN_CONTAINER, RUN_UID, RUN_USER, _Capture, container_options
+from lab.engine.docker_containers import _Capture, container_options
 from tests.build.test_render import case, plan
 
 
@@ -81,7 +83,7 @@ class _FakeContainer:
 def test_the_out_size_check_reads_du_and_leaves_no_loader_log():
     import docker.errors
 
-    from lab.engine.docker_engine import _du
+    from lab.engine.docker_containers import _du
     fake = _FakeContainer((1, b"2048\t/out\n"))  # exit 1: some folder was unreadable; the total still counts
     assert _du(fake) == 2048 * 1024
     (cmd, kwargs), = fake.calls
@@ -99,7 +101,8 @@ def test_after_ctrl_c_cleanup_no_worker_gets_a_new_container(monkeypatch):
     import pytest
 
     from lab.core.errors import EngineError
-    from lab.engine import docker_engine as de
+    from lab.engine import docker_containers as de
+    from lab.engine.docker_engine import Engine
 
     monkeypatch.setattr(de, "_STOPPING", threading.Event())
     made: list[str] = []
@@ -115,7 +118,7 @@ def test_after_ctrl_c_cleanup_no_worker_gets_a_new_container(monkeypatch):
     class Client:
         containers = Containers()
 
-    engine = de.Engine(Client())
+    engine = Engine(Client())
     limits = RunLimits()
     assert engine._create("before", ["true"], {}, None, {}, limits) == "before"
     engine.remove_session_containers()

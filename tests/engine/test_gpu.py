@@ -16,10 +16,11 @@ from lab.core.arch import Arch
 from lab.core.errors import EngineError, NoGpuRuntimeError
 from lab.core.records import RunLimits
 from lab.engine import gpu
-from lab.engine.docker_engine import container_options
+from lab.engine.docker_containers import container_options
 from lab.engine.engines import EngineFacts, GiB
+from lab.engine.gpu import check_case as check_gpu  # (was lab.pipeline.check_gpu)
 from lab.engine.routing import Fleet, NoEngineError
-from lab.pipeline import check_gpu, run_limits
+from lab.pipeline import run_limits
 from tests.build.test_render import case
 
 REFUSED = 'could not select device driver "" with capabilities: [[gpu]]'

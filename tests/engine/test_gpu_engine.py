@@ -8,7 +8,8 @@ import pytest
 
 from lab.core.records import RunLimits
 from lab.engine import gpu
-from lab.engine.docker_engine import Engine, _remove
+from lab.engine.docker_containers import _remove
+from lab.engine.docker_engine import Engine
 
 pytestmark = pytest.mark.docker
 

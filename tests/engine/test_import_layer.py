@@ -11,7 +11,8 @@ import pytest
 
 from lab.core.arch import Arch
 from lab.core.errors import BuildError
-from lab.engine.docker_engine import LABEL, Engine
+from lab.engine.docker_client import LABEL
+from lab.engine.docker_engine import Engine
 
 pytestmark = pytest.mark.docker
 
