@@ -23,7 +23,13 @@ def default_scenarios_dir() -> Path:
     return shipped_scenarios_dir(current().cache_dir)
 
 
-SCENARIOS_DIR: Path = default_scenarios_dir()
+# The folder library calls use without one: the shipped scenarios, found on first use (reading the
+# settings at import would turn a bad config file into an import error). Tests may set it.
+SCENARIOS_DIR: Path | None = None
+
+
+def _default_dir() -> Path:
+    return SCENARIOS_DIR if SCENARIOS_DIR is not None else default_scenarios_dir()
 ScenarioDirs = Path | Sequence[Path]
 
 
@@ -68,7 +74,7 @@ def _looks_like_path(text: str) -> bool:
 
 def _as_dirs(scenarios_dir: ScenarioDirs | None) -> list[Path]:
     if scenarios_dir is None:
-        return [SCENARIOS_DIR]
+        return [_default_dir()]
     return [scenarios_dir] if isinstance(scenarios_dir, Path) else list(scenarios_dir)
 
 
@@ -115,7 +121,7 @@ def list_scenarios(scenarios_dir: Path | None = None) -> list[Scenario | Scenari
 
     Raises ScenarioError only when the folder itself cannot be read.
     """
-    directory = SCENARIOS_DIR if scenarios_dir is None else scenarios_dir
+    directory = _default_dir() if scenarios_dir is None else scenarios_dir
     try:
         files = _scenario_files(directory)
     except OSError as exc:
