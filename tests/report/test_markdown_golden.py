@@ -1,8 +1,9 @@
 """ablation.md, localize.md, the paste-ready comment (`lab comment`) and the triage comment, byte for
 byte (golden files in tests/data/reports/), from real records in tests/data/compare and the shipped
 scenarios. They were captured before these writers moved to the Jinja templates of lab/report/templates,
-so they hold the move to its word: the same bytes. After an intended change of a layout, regenerate with
-LAB_UPDATE_GOLDEN=1 and review the diff."""
+so they hold the move to its word: the same bytes (but for the triage comment, whose two `<details>`
+now come from the one `details` filter, with `<summary>` on its own line as everywhere else). After an
+intended change of a layout, regenerate with LAB_UPDATE_GOLDEN=1 and review the diff."""
 
 from __future__ import annotations
 
