@@ -25,6 +25,7 @@ from lab.core.arch import with_emulated_env
 from lab.core.results import BisectResult, LocalizeResult, RunResult, SourceBoundary, read_document, read_result
 from lab.core.scrub import is_secret_name, scrub_text
 from lab.history.index import root_of
+from lab.report.writer import render
 
 
 def render_comment(folder: Path) -> str:
@@ -129,7 +130,6 @@ class CommentView:
 
 
 def _render(view: CommentView) -> str:
-    from lab.report.writer import render
     return render("comment.md.j2", view).rstrip() + "\n"
 
 

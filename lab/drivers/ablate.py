@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from lab.build.resolve import Case, check_ablatable
 from lab.core.records import Events, no_events
 from lab.core.results import AblationResult, AblationStep, Verdict
+from lab.report.writer import render
 
 if TYPE_CHECKING:
     from lab.pipeline import RunCase
@@ -139,7 +140,6 @@ class AblationView:
 
 
 def ablation_markdown(case: Case, steps: list[Step], conclusion: Conclusion) -> str:
-    from lab.report.writer import render
     how = "the lab overrides torch.compile" if case.scenario.ablation.via == "hook" else "LAB_BACKEND/LAB_MODE"
     return render("ablation.md.j2", AblationView(
         title=case.scenario.title or case.scenario.name, conclusion=conclusion.words, torch=case.torch,

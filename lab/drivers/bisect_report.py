@@ -15,6 +15,7 @@ from xml.sax.saxutils import escape
 
 from lab.core.results import FAILED_DIFFERENTLY
 from lab.drivers.bisect import AMBIGUOUS, FOUND, NOT_REPRODUCED, REPRODUCED, SKIP, BisectResult, Probe
+from lab.report.writer import render
 
 MD_NAME, SVG_NAME, JSON_NAME = "bisect.md", "bisect.svg", "bisect.json"
 
@@ -85,7 +86,6 @@ class BisectView:
 
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
                     candidates: Sequence[str], resume_command: str = "") -> str:
-    from lab.report.writer import render
     tested = {p.version for p in result.steps}
     untested = [v for v in candidates if v not in tested]
     return render("bisect.md.j2", BisectView(

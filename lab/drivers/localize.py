@@ -30,6 +30,7 @@ from lab.analyze.tracebacks import extract_exceptions
 from lab.build.resolve import Case
 from lab.core.records import Events, no_events
 from lab.core.results import BisectorResult, LocalizeResult
+from lab.report.writer import render
 
 if TYPE_CHECKING:
     from lab.pipeline import RunCase
@@ -200,7 +201,6 @@ def localize_markdown(r: LocalizeResult, folder: Path | None = None) -> str:
     """localize.md. It may be pasted into an issue (`lab comment`), so its link to the ablation
     names it relative to `folder`, where the file lies (by the ablation folder's name without one),
     never by the user's absolute path."""
-    from lab.report.writer import render
     ablation = None
     if r.ablation_dir:
         ablation = (os.path.relpath(Path(r.ablation_dir), folder) if folder is not None

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lab.report.writer import render
+
 __all__ = ["RunStep", "BisectStep", "TriageState", "compare_seam", "run_triage", "summary_lines"]
 
 STATE_FILE = "triage.json"
@@ -268,7 +270,6 @@ class TriageView:
 
 
 def _comment_text(state: TriageState) -> str:
-    from lab.report.writer import render
     runs = [state.page_run, state.newest_run if state.newest_run is not state.page_run else None]
     b, cmp = state.bisect, state.compare or {}
     available = bool(cmp.get("available"))

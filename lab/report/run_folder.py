@@ -39,6 +39,7 @@ from lab.core.results import (
     UnfinishedRun,
 )
 from lab.core.runmarker import mark_run
+from lab.report.writer import render
 
 _LOG_TAIL_LINES = 200
 
@@ -294,7 +295,6 @@ class ReportView:
 def render_report(rec: RunRecord) -> str:
     """In the order of PyTorch's pt2-bug-report.yml: the bug (with its trace, ablation and a
     minimal reproducer), then the error logs, then the versions."""
-    from lab.report.writer import render
     return render("report.md.j2", report_view(rec))
 
 
