@@ -361,9 +361,9 @@ def _proposed_signature(j, expect) -> tuple[str, str] | None:
 def _environment(rec: RunRecord) -> list[Details]:
     out: list[Details] = []
     if rec.collect_env:
-        out.append(_details("python -m torch.utils.collect_env", rec.collect_env))
+        out.append(_log("python -m torch.utils.collect_env", rec.collect_env))
     d = rec.run_dir
-    out.append(_details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else ""))
+    out.append(_log("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else ""))
     return out
 
 
@@ -469,14 +469,14 @@ def _logs(rec: RunRecord) -> list[Details]:
             text = read_text(d / name, limit=256 * 1024)
             lines = text.splitlines()
             note = f" (last {_LOG_TAIL_LINES} of {len(lines)} lines)" if len(lines) > _LOG_TAIL_LINES else ""
-            out.append(_details(title + note, "\n".join(lines[-_LOG_TAIL_LINES:])))
+            out.append(_log(title + note, "\n".join(lines[-_LOG_TAIL_LINES:])))
     if rec.evidence and rec.evidence.duplicate_runtimes:
-        out.append(_details("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
+        out.append(_log("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
             f"pid {dup.pid}: {path}  <- {obj.needed_by or '?'}"
             for dup in rec.evidence.duplicate_runtimes
             for path, obj in zip(dup.paths, dup.objects, strict=True))))
     return out
 
 
-def _details(summary: str, body: str) -> Details:
+def _log(summary: str, body: str) -> Details:
     return Details(summary, body.rstrip())
