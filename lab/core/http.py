@@ -30,8 +30,8 @@ from requests.utils import get_environ_proxies, should_bypass_proxies
 
 from lab.core.scrub import redact_url, redact_urls
 
-__all__ = ["USER_AGENT", "HttpError", "HttpStatusError", "HttpUnreachableError", "Response", "get",
-           "system_trust"]
+__all__ = ["USER_AGENT", "HttpError", "HttpStatusError", "HttpUnreachableError", "Response", "get", "proxy_map",
+           "split_credentials", "system_trust"]
 
 USER_AGENT = "torch-repro-lab"
 _CHUNK = 64 * 1024
@@ -103,7 +103,7 @@ def get(url: str, *, timeout: float, headers: Mapping[str, str] | None = None, v
                 body = _read(response, max_bytes)
                 return Response(response.status_code, response.headers.get("Content-Type", ""), body)
         except requests.RequestException as exc:
-            raise HttpUnreachableError(shown, _reason(exc), _timed_out(exc), timeout) from None
+            raise HttpUnreachableError(shown, _reason(exc, url), _timed_out(exc), timeout) from None
         except OSError as exc:  # a CA bundle that cannot be read, among others
             raise HttpUnreachableError(shown, redact_urls(str(exc), [url]), False, timeout) from None
 
@@ -173,21 +173,13 @@ def _timed_out(exc: BaseException) -> bool:
         and not isinstance(e, urllib3.exceptions.NewConnectionError) for e in _chain(exc))
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, url: str) -> str:
     """The root cause in a few words (`[SSL: CERTIFICATE_VERIFY_FAILED] ...`, `[Errno 111] Connection
-    refused`), not requests' wrapper text, which repeats the URL's path."""
-    root: BaseException = exc
-    for e in _chain(exc):
-        if isinstance(e, ssl.SSLError) or (isinstance(e, OSError) and getattr(e, "errno", None) is not None):
-            root = e
-            break
-    else:
-        for e in _chain(exc):
-            if not isinstance(e, (requests.RequestException, urllib3.exceptions.HTTPError)):
-                root = e
-                break
-    text = str(root)
-    if isinstance(root, urllib3.exceptions.NewConnectionError) or "Failed to establish" in text:
-        text = text.split(": ", 1)[-1]
-    return redact_urls(text, [str(getattr(exc.request, "url", "") or "")] if isinstance(
-        exc, requests.RequestException) and exc.request is not None else None)
+    refused`), not requests' wrapper text, which repeats the URL's path; redacted all the same."""
+    chain = list(_chain(exc))
+    root = next((e for e in chain if isinstance(e, ssl.SSLError)
+                 or (isinstance(e, OSError) and getattr(e, "errno", None) is not None)), None)
+    if root is None:
+        root = next((e for e in chain if not isinstance(e, (requests.RequestException,
+                                                              urllib3.exceptions.HTTPError))), exc)
+    return redact_urls(str(root), [url])
