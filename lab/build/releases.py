@@ -14,22 +14,17 @@ for a day (`refresh=True` reads it again).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import html.parser
 import json
 import os
-import socket
-import ssl
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urljoin, urlparse, urlunparse
+from urllib.parse import unquote, urljoin, urlparse
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import Tag
@@ -38,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from lab.build.hostpip import HostPip, is_host_folder, to_path
 from lab.build.resolve import wheel_tags
-from lab.core import cache
+from lab.core import cache, http
 from lab.core.arch import Arch
 from lab.core.errors import LabError
 from lab.core.scrub import redact_url
@@ -312,61 +307,29 @@ def _parse_html(text: str) -> list[IndexFile]:
 
 
 def _get(url: str, host: HostPip, timeout: float) -> tuple[str, bytes] | None:
-    """GET with the host's CA bundle, proxies and credentials; None on 404/410."""
-    bare, auth = _split_credentials(url)
-    request = urllib.request.Request(bare, headers={"Accept": ACCEPT, "User-Agent": "torch-repro-lab"})
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=_tls(host, bare))]
-    if host.proxies:
-        handlers.append(urllib.request.ProxyHandler(_proxy_map(host.proxies)))
-    opener = urllib.request.build_opener(*handlers)
+    """GET through lab.core.http with the host's CA bundle (none checked on a trusted host, as
+    pip's --trusted-host), proxies and credentials; None on 404/410."""
+    hostname = urlparse(url).hostname or ""
+    verify: str | bool | None = False if hostname in host.trusted_hosts else (
+        str(host.ca_bundle) if host.ca_bundle else None)
     try:
-        with opener.open(request, timeout=timeout) as response:
-            return response.headers.get("Content-Type", ""), response.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code in (404, 410):
-            return None
-        raise IndexUnreachableError(f"{redact_url(url)} answered HTTP {exc.code} {exc.reason}.") from None
-    except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise IndexUnreachableError(f"{redact_url(url)} did not answer within {timeout:g} s.") from None
+        got = http.get(url, timeout=timeout, headers={"Accept": ACCEPT}, verify=verify, ok=(404, 410),
+                       proxies=http.proxy_map(host.proxies) if host.proxies else None)
+    except http.HttpStatusError as exc:
+        raise IndexUnreachableError(str(exc)) from None
+    except http.HttpUnreachableError as exc:
+        if exc.timed_out:
+            raise IndexUnreachableError(str(exc)) from None
         hint = None
-        if "CERTIFICATE_VERIFY_FAILED" in str(reason):
+        if "CERTIFICATE_VERIFY_FAILED" in exc.reason:
             hint = ("Behind a TLS-intercepting proxy, point PIP_CERT (or `cert` in pip.conf) at its CA bundle"
                     + (f"; now {host.ca_bundle}." if host.ca_bundle else "."))
-        raise IndexUnreachableError(f"could not read {redact_url(url)}: {reason}.", hint=hint) from None
-
-
-def _tls(host: HostPip, url: str) -> ssl.SSLContext:
-    hostname = urlparse(url).hostname or ""
-    if hostname in host.trusted_hosts:
-        return ssl._create_unverified_context()  # pip's --trusted-host
-    try:
-        return ssl.create_default_context(cafile=str(host.ca_bundle) if host.ca_bundle else None)
-    except (OSError, ssl.SSLError) as exc:
-        raise IndexUnreachableError(f"the CA bundle {host.ca_bundle} could not be loaded: {exc}.") from None
-
-
-def _proxy_map(proxies: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in proxies:
-        scheme = key.lower().removesuffix("_proxy")
-        if scheme in ("http", "https"):
-            out.setdefault(scheme, value)
-    return out
-
-
-def _split_credentials(url: str) -> tuple[str, str | None]:
-    parts = urlparse(url)
-    if not parts.username:
-        return url, None
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    auth = unquote(parts.username) + ":" + unquote(parts.password or "")
-    return urlunparse(parts._replace(netloc=netloc)), auth
+        elif host.ca_bundle and not host.ca_bundle.is_file():
+            raise IndexUnreachableError(f"the CA bundle {host.ca_bundle} could not be loaded: {exc.reason}.") from None
+        raise IndexUnreachableError(f"could not read {exc.url}: {exc.reason}.", hint=hint) from None
+    if got.status in (404, 410):
+        return None
+    return got.content_type, got.body
 
 
 def _cache_id(page: str) -> str:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
 from lab.core.arch import with_emulated_env
 from lab.core.results import RunResult, UnfinishedRun
+from lab.report.writer import render
 from lab.scenario.bases import DEFAULT_BASE
 
 REPLAY_HEADING = "## How to replay"
@@ -15,6 +17,21 @@ REPLAY_HEADING = "## How to replay"
 
 
 AnyResult = RunResult | UnfinishedRun
+
+
+@dataclass(frozen=True)
+class ReplayView:
+    """What the section (lab/report/templates/replay-instructions.md.j2) is laid out from."""
+
+    heading: str
+    platform: str
+    arch: str
+    bundle: str      # shell-quoted, as every value below that goes on a command line
+    folder: str
+    note: str | None
+    base: str
+    run: str
+    emulated: bool
 
 
 def verdict_text(result: AnyResult) -> str | None:
@@ -72,27 +89,7 @@ def replay_instructions(bundle_name: str, result: AnyResult, *, scenario: Mappin
     for key, value in sorted(_run_env(scenario, result).items()):
         run += ["-e", f"{key}={value}"]
     run += ["-e", "LD_DEBUG=libs,files", "repro"]
-    lines = [
-        REPLAY_HEADING, "",
-        "With the lab (install it as its README says), which checks the bundle, rebuilds the image for "
-        f"{platform} and tells whether the replay fails the same way:", "",
-        "```sh",
-        "pip install ./torch-repro-lab   # a checkout of the lab; its bin/setup also sets up Docker",
-        f"lab replay {shlex.quote(bundle_name)}", "```", "",
-        "With Docker alone:", "",
-        "```sh",
-        f"tar xzf {shlex.quote(bundle_name)}",
-        f"cd {shlex.quote(folder)}",
-        "# lab/ca.crt (the original host's CA bundle) is not in the bundle: use your own, or your proxy's",
-        "cp /etc/ssl/certs/ca-certificates.crt lab/ca.crt",
-    ]
-    if note:
-        lines.append(note)
-    lines += [f"docker build --platform {platform} --build-arg BASE={shlex.quote(base)} -t repro .",
-              shlex.join(run), "```", ""]
-    if isinstance(result, RunResult) and result.emulated:
-        lines += [f"On a host that is not {platform.split('/')[1]}, Docker emulates it with QEMU "
-                  "(binfmt_misc), as the original run did.", ""]
-    return "\n".join(lines)
-
-
+    return render("replay-instructions.md.j2", ReplayView(
+        heading=REPLAY_HEADING, platform=platform, arch=platform.split("/")[1], bundle=shlex.quote(bundle_name),
+        folder=shlex.quote(folder), note=note, base=shlex.quote(base), run=shlex.join(run),
+        emulated=isinstance(result, RunResult) and result.emulated))

@@ -74,6 +74,7 @@ from lab.engine.protocol import Engine
 from lab.pipeline import RunCase, run_limits
 from lab.pipeline import run_case as production_run_case
 from lab.report import run_folder as report
+from lab.report.writer import render
 from lab.scenario.loader import read_yaml, validate_scenario
 from lab.scenario.model import Limits, Scenario, TorchVersion
 
@@ -573,29 +574,39 @@ def _write(run_dir: Path, plan: ReplayPlan, original: RunResult, result: RunResu
             "constrained_to": list(plan.case.constraints),
             "packages_differ": package_differences(original, result)}
     (run_dir / "replay.json").write_text(json.dumps(data, indent=2) + "\n")
-    lines = ["", "## Replay", "", f"Replayed from `{bundle.name}` (original verdict "
-             f"`{original.verdict.value}`, run {original.started}): **"
-             + ("same verdict, same signature" if comparison.same else "different") + "**.", ""]
-    if not comparison.same:
-        lines += [f"- {line}" for line in comparison.lines] + [""]
-    lines += [_built_words(plan), ""]
-    if plan.case.constraints:
-        moved = package_differences(original, result)
-        lines += [f"The replay was constrained to the {len(plan.case.constraints)} package versions the original run "
-                  "had (its pip freeze): " + ("it installed exactly those." if not moved else
-                                              "yet these differ: " + "; ".join(moved) + "."), ""]
-    if plan.allow_source_builds:
-        lines += ["Source builds were allowed (`--allow-source-builds`): pip inside the build could install what "
-                  "was not a wheel resolved on this host, with the engine's default network.", ""]
-    if plan.diff:
-        lines += ["The bundled Dockerfile differs from this lab's re-render:", "", "```diff", diff_text(plan), "```",
-                  ""]
+    section = replay_section(plan, original, comparison, tuple(package_differences(original, result)))
     with (run_dir / "report.md").open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(lines))
+        fh.write(section)
     ignore = run_dir / ".dockerignore"
     if ignore.exists() and REPLAYED not in ignore.read_text().split():
         with ignore.open("a") as fh:
             fh.write(f"{REPLAYED}\n")
+
+
+@dataclass(frozen=True)
+class ReplaySection:
+    """What the "Replay" section (lab/report/templates/replay.md.j2) is laid out from."""
+
+    bundle: str
+    original: str
+    started: str
+    same: bool
+    differences: tuple[str, ...]
+    built: str
+    source_builds: bool
+    diff: str
+    constrained: int = 0              # versions from the original run's freeze that the replay was held to
+    moved: tuple[str, ...] = ()       # `name: old → new` where the replay still got another version
+
+
+def replay_section(plan: ReplayPlan, original: RunResult, comparison: Comparison,
+                   moved: tuple[str, ...] = ()) -> str:
+    """The section `lab replay` appends to report.md: the verdicts compared, what was built."""
+    return render("replay.md.j2", ReplaySection(
+        bundle=plan.bundle.name, original=original.verdict.value, started=str(original.started),
+        same=comparison.same, differences=tuple(comparison.lines), built=_built_words(plan),
+        source_builds=plan.allow_source_builds, diff=diff_text(plan) if plan.diff else "",
+        constrained=len(plan.case.constraints), moved=moved)).rstrip("\n") + "\n"
 
 
 def _built_words(plan: ReplayPlan) -> str:

@@ -15,18 +15,18 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from lab.compare.diff import CompareError, _text, boundary_pair, compare_runs
 from lab.core.arch import with_emulated_env
-from lab.core.results import BisectResult, LocalizeResult, RunResult, read_document, read_result
+from lab.core.results import BisectResult, LocalizeResult, RunResult, SourceBoundary, read_document, read_result
 from lab.core.scrub import is_secret_name, scrub_text
 from lab.history.index import root_of
+from lab.report.writer import render
 from lab.scenario.bases import DEFAULT_BASE
-
-_FENCE = "```"
 
 
 def render_comment(folder: Path) -> str:
@@ -72,6 +72,68 @@ def scenario_name(scenario: dict, fallback: str) -> str:
     return fallback if "/scenarios/" in source or not source else Path(source).name
 
 
+# --- what the template (lab/report/templates/comment.md.j2) is laid out from --------------------------
+@dataclass(frozen=True)
+class Block:
+    """A collapsed part: `lang` names its fence; None puts the body in as Markdown."""
+
+    summary: str
+    body: str
+    lang: str | None
+
+
+@dataclass(frozen=True)
+class EnvironmentView:
+    torch: str
+    commit: str | None
+    backend: str
+    platform: str
+    how: str
+    base: str
+    docker: str
+    env: tuple[str, ...]      # NAME=value, secrets masked
+    facts: tuple[str, ...]    # "key: value" of collect_env
+
+
+@dataclass(frozen=True)
+class CommandsView:
+    lab: str
+    platform: str
+    base: str
+    run_env: str
+
+
+@dataclass(frozen=True)
+class Searched:
+    count: int
+    first: str
+    last: str
+    command: str
+    probed: str
+
+
+@dataclass(frozen=True)
+class CommentView:
+    headline: str
+    title: tuple[str, str, str | None] | None = None     # scenario, title, upstream
+    deps: tuple[str, str] | None = None                  # the fix, the blame's summary
+    torch_alone: str | None = None                       # the blame's summary when torch alone flips it
+    verdict: str = ""
+    reason: str = ""
+    different: tuple[str, str] | None = None             # expected, observed
+    environment: EnvironmentView | None = None
+    commands: CommandsView | None = None
+    source: SourceBoundary | None = None
+    searched: Searched | None = None
+    failed: tuple[str, str] | None = None                # how they count, the probes in words
+    localize: LocalizeResult | None = None
+    blocks: tuple[Block, ...] = ()
+
+
+def _render(view: CommentView) -> str:
+    return render("comment.md.j2", view).rstrip() + "\n"
+
+
 # --- a bisection ------------------------------------------------------------------------------------
 def _bisect_comment(folder: Path) -> tuple[str, dict]:
     result = read_document(folder / "bisect.json", BisectResult)
@@ -92,41 +154,28 @@ def _bisect_comment(folder: Path) -> tuple[str, dict]:
                 f"{result.first_new}.")
     if result.status == "ambiguous":
         line += f" (Ambiguous: {', '.join(result.skipped_between)} could not be run.)"
-    parts = [f"**{line}**", ""]
     deps = [b for b in result.blame if b.package != "torch"]
-    if deps:
-        parts += [f"**Dependencies, not torch:** {result.blame_fix}. {_capital(result.blame_summary or '')}", ""]
-    elif result.blame:
-        parts += [f"**torch alone** flips the verdict: {result.blame_summary or ''}".rstrip(": "), ""]
-    parts += [_title(scenario, bad), ""]
-    parts += _environment(bad, bad_dir, scenario)
-    parts += _commands(bad, bad_dir, scenario)
-    if result.source is not None:
-        s = result.source
-        parts += ["**Between the releases:** " + s.compare_url, "",
-                  f"{s.last_old} is `{s.last_old_commit or 'not recorded'}`, {s.first_new} is "
-                  f"`{s.first_new_commit or 'not recorded'}`; a commit-level bisection starts with "
-                  f"`{s.git_bisect}`.", ""]
-    searched = ", ".join(f"{p.version} ({p.verdict})" for p in result.steps)
     command = shlex.join(["lab", "bisect", scenario_name(scenario, bad.scenario), "--from", result.from_version,
                           "--to", result.to_version, "--arch", bad.arch])
-    parts += [f"Searched {len(result.candidates) or len(result.steps)} releases from {result.from_version} to "
-              f"{result.to_version} with `{command}`; probed: {searched}.", ""]
     failed = [p for p in result.steps if p.verdict == "failed_differently"]
-    if failed:
-        how = "skipped" if result.failed_differently == "skip" else f"counted as {result.failed_differently}"
-        parts += [f"Failed differently ({how}; not the scenario's signature): "
-                  + "; ".join(f"{p.version}: {p.different_failure.observed if p.different_failure else p.reason}"
-                              for p in failed), ""]
     try:
         summary = compare_runs(old_dir, new_dir).summary
     except CompareError as exc:
         summary = (f"not compared: {exc}",)
-    parts += _details(f"What changed between {result.last_old} and {result.first_new} (lab compare)",
-                      "\n".join(summary), "text")
-    parts += _localization(result, folder)
-    parts += _script(bad_dir, scenario)
-    return "\n".join(parts).rstrip() + "\n", scenario
+    view = CommentView(
+        headline=line,
+        deps=(str(result.blame_fix), _capital(result.blame_summary or "")) if deps else None,
+        torch_alone=(result.blame_summary or "").rstrip(": ") if result.blame and not deps else None,
+        title=_title(scenario, bad), environment=_environment(bad, bad_dir, scenario),
+        commands=_commands(bad, bad_dir, scenario), source=result.source,
+        searched=Searched(len(result.candidates) or len(result.steps), result.from_version, result.to_version,
+                          command, ", ".join(f"{p.version} ({p.verdict})" for p in result.steps)),
+        failed=("skipped" if result.failed_differently == "skip" else f"counted as {result.failed_differently}",
+                "; ".join(f"{p.version}: {p.different_failure.observed if p.different_failure else p.reason}"
+                          for p in failed)) if failed else None,
+        blocks=(Block(f"What changed between {result.last_old} and {result.first_new} (lab compare)",
+                      "\n".join(summary), "text"), *_localization(result, folder), *_script(bad_dir, scenario)))
+    return _render(view), scenario
 
 
 def _capital(text: str) -> str:
@@ -140,32 +189,27 @@ def _run_comment(folder: Path) -> tuple[str, dict]:
     verdict = {"reproduced": "Reproduced", "not_reproduced": "Not reproduced",
                "failed_differently": "Failed differently", "error": "No verdict (error)",
                "timeout": "No verdict (timeout)"}[result.verdict.value]
-    parts = [f"**{verdict} on torch {result.torch}, {_where(result)}.**", "", _title(scenario, result), "",
-             f"Verdict `{result.verdict.value}`: {result.reason}", ""]
-    if result.different_failure is not None:
-        parts += ["| signature | |", "|---|---|", f"| expected | {_cell(result.different_failure.expected)} |",
-                  f"| observed | {_cell(result.different_failure.observed)} |", ""]
-    parts += _environment(result, folder, scenario)
-    parts += _commands(result, folder, scenario)
-    loc = folder / "localize.json"
-    if loc.is_file():
-        parts += _details("Localization", _text(folder / "localize.md") or "", None)
-    parts += _script(folder, scenario)
-    return "\n".join(parts).rstrip() + "\n", scenario
+    d = result.different_failure
+    localization = (Block("Localization", _text(folder / "localize.md") or "", None),) \
+        if (folder / "localize.json").is_file() else ()
+    view = CommentView(
+        headline=f"{verdict} on torch {result.torch}, {_where(result)}.", title=_title(scenario, result),
+        verdict=result.verdict.value, reason=result.reason, different=(d.expected, d.observed) if d else None,
+        environment=_environment(result, folder, scenario), commands=_commands(result, folder, scenario),
+        blocks=(*localization, *_script(folder, scenario)))
+    return _render(view), scenario
 
 
 # --- a localization (`lab localize`) --------------------------------------------------------------
 def _localize_comment(folder: Path) -> str:
     r = read_document(folder / "localize.json", LocalizeResult)
-    parts = [f"**Localized on torch {r.torch}, {r.arch}: {r.conclusion}.**", "",
-             f"- Backend ablation (`lab run --ablate`): {r.ablation}",
-             f"- torch._inductor.compiler_bisector: {r.bisector.words}", "",
-             f"With torch-repro-lab: `lab localize {r.scenario} --torch {r.torch} --arch {r.arch}`", ""]
     log = _text(folder / r.bisector.log) if r.bisector.log else None
+    blocks: tuple[Block, ...] = ()
     if log:
         lines = [ln for ln in log.splitlines() if ln.strip()]
-        parts += _details("compiler_bisector's log", "\n".join(lines[-60:]), "text")
-    return "\n".join(parts).rstrip() + "\n"
+        blocks = (Block("compiler_bisector's log", "\n".join(lines[-60:]), "text"),)
+    return _render(CommentView(headline=f"Localized on torch {r.torch}, {r.arch}: {r.conclusion}.", localize=r,
+                               blocks=blocks))
 
 
 # --- pieces -----------------------------------------------------------------------------------------
@@ -203,27 +247,19 @@ def _where(r: RunResult) -> str:
     return f"{r.arch} ({'emulated' if r.emulated else 'native'})"
 
 
-def _title(scenario: dict, r: RunResult) -> str:
-    title = scenario.get("title") or r.scenario
-    upstream = scenario.get("upstream")
-    return f"Scenario `{r.scenario}`: {title}" + (f" ({upstream})" if upstream else "")
+def _title(scenario: dict, r: RunResult) -> tuple[str, str, str | None]:
+    return r.scenario, str(scenario.get("title") or r.scenario), scenario.get("upstream") or None
 
 
-def _environment(r: RunResult, folder: Path, scenario: dict) -> list[str]:
+def _environment(r: RunResult, folder: Path, scenario: dict) -> EnvironmentView:
     resolved = scenario.get("resolved") or {}
-    commit = f" (commit `{r.torch_build.git_version}`)" if r.torch_build and r.torch_build.git_version else ""
-    how = f"emulated with QEMU on {r.engine.host_arch}" if r.emulated else "native"
-    lines = ["**Environment**", "",
-             f"- torch {r.torch}{commit}, backend {r.backend or 'as the script chooses'}",
-             f"- {resolved.get('platform') or r.arch}, {how}, base `{scenario.get('base', '?')}`, "
-             f"Docker {r.engine.version}"]
-    env = _scenario_env(r, scenario)
-    if env:  # spaces around each pair: the scrubbing of `NAME=value` takes everything up to a space
-        lines.append("- environment: " + " · ".join(f"{k}={v}" for k, v in sorted(env.items())))
-    facts = _collect_env(folder)
-    if facts:
-        lines.append("- " + "; ".join(f"{k}: {v}" for k, v in facts))
-    return [*lines, ""]
+    return EnvironmentView(
+        torch=r.torch, commit=r.torch_build.git_version if r.torch_build and r.torch_build.git_version else None,
+        backend=r.backend or "as the script chooses", platform=resolved.get("platform") or r.arch,
+        how=f"emulated with QEMU on {r.engine.host_arch}" if r.emulated else "native",
+        base=str(scenario.get("base", "?")), docker=r.engine.version,
+        env=tuple(f"{k}={v}" for k, v in sorted(_scenario_env(r, scenario).items())),
+        facts=tuple(f"{k}: {v}" for k, v in _collect_env(folder)))
 
 
 _FACTS = ("PyTorch version", "OS", "GCC version", "Python version", "Is CUDA available", "CPU architecture")
@@ -244,7 +280,7 @@ def _scenario_env(r: RunResult, scenario: dict) -> dict[str, str]:
     return _masked(with_emulated_env({**(scenario.get("env") or {}), **(resolved.get("vars") or {})}, r.emulated))
 
 
-def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
+def _commands(r: RunResult, folder: Path, scenario: dict) -> CommandsView:
     resolved = scenario.get("resolved") or {}
     lab = ["lab", "run", scenario_name(scenario, r.scenario), "--torch", r.torch, "--arch", r.arch]
     if r.backend:
@@ -257,44 +293,23 @@ def _commands(r: RunResult, folder: Path, scenario: dict) -> list[str]:
     if r.backend:
         env["LAB_BACKEND"] = r.backend
     run_env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(env.items()))
-    return ["**Reproduce** with torch-repro-lab (`lab bundle` packs the run folder):", "",
-            f"{_FENCE}sh", shlex.join(lab), _FENCE, "",
-            "Without the lab, from the run folder (it is the build context):", "",
-            f"{_FENCE}sh", f"docker build --platform {platform} --build-arg BASE={base} -t repro .",
-            f"docker run --rm --platform {platform}{run_env} repro", _FENCE, ""]
+    return CommandsView(shlex.join(lab), platform, base, run_env)
 
 
-def _localization(result: BisectResult, folder: Path) -> list[str]:
+def _localization(result: BisectResult, folder: Path) -> tuple[Block, ...]:
     if not result.localization:
-        return []
+        return ()
     body = _text(Path(result.localize_dir) / "localize.md") if result.localize_dir else None
     if body is None:
         body = _text(folder / "localize" / "localize.md")
-    return _details("Localization: " + result.localization, body or result.localization, None)
+    return (Block("Localization: " + result.localization, body or result.localization, None),)
 
 
-def _script(folder: Path, scenario: dict) -> list[str]:
+def _script(folder: Path, scenario: dict) -> tuple[Block, ...]:
     name = scenario.get("script")
     if not isinstance(name, str):
-        return []
+        return ()
     text = _text(folder / "repro" / name)
     if text is None:
-        return []
-    return _details(f"The script ({name})", text.rstrip(), "python")
-
-
-def _details(summary: str, body: str, lang: str | None) -> list[str]:
-    if lang is None:
-        return ["<details>", f"<summary>{_html(summary)}</summary>", "", body.rstrip(), "", "</details>", ""]
-    fence = "````" if _FENCE in body else _FENCE
-    return ["<details>", f"<summary>{_html(summary)}</summary>", "", f"{fence}{lang}", body.rstrip(), fence, "",
-            "</details>", ""]
-
-
-def _html(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
+        return ()
+    return (Block(f"The script ({name})", text.rstrip(), "python"),)

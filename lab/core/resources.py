@@ -3,7 +3,7 @@
     lab.dockerfiles   the Dockerfile templates (the repository's dockerfiles/, mapped in at build time)
     lab.scenarios     the shipped scenarios and their scripts (the repository's scenarios/)
     lab/probe/        the in-image runner, lab_run.py
-    lab/report/templates/  the Markdown report templates (report.md, bisect.md), read by lab.report.markdown
+    lab/report/templates/  every Markdown and HTML report's template, read by lab.report.writer
 
 pyproject.toml maps the repository's top-level `dockerfiles/` and `scenarios/` folders into the
 package as `lab.dockerfiles` and `lab.scenarios` (setuptools `package-dir`), so a wheel carries

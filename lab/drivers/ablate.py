@@ -17,6 +17,7 @@ from lab.core.results import AblationResult, AblationStep, Verdict
 from lab.pipeline import RunCase
 from lab.pipeline import run_case as production
 from lab.report.run_folder import new_run_dir
+from lab.report.writer import render
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,13 +116,30 @@ def ablation_result(case: Case, emulated: bool, folder: Path, steps: list[Step],
         layer=conclusion.layer, conclusion=conclusion.words)
 
 
+@dataclass(frozen=True)
+class AblationRow:
+    backend: str
+    mode: str
+    verdict: str
+    folder: str     # the rung's run folder, by its name (relative to ablation.md)
+
+
+@dataclass(frozen=True)
+class AblationView:
+    """What ablation.md (lab/report/templates/ablation.md.j2) is laid out from."""
+
+    title: str
+    conclusion: str
+    torch: str
+    platform: str
+    how: str
+    steps: tuple[AblationRow, ...]
+
+
 def ablation_markdown(case: Case, steps: list[Step], conclusion: Conclusion) -> str:
     how = "the lab overrides torch.compile" if case.scenario.ablation.via == "hook" else "LAB_BACKEND/LAB_MODE"
-    lines = [f"# Ablation: {case.scenario.title or case.scenario.name}", "",
-             f"**{conclusion.words}**", "",
-             f"torch {case.torch} on {case.arch.platform}; one image, the backend chosen at run time ({how}).",
-             "", "| backend | mode | verdict | run folder |", "|---|---|---|---|"]
-    for s in steps:
-        rel = s.run_dir.name if s.run_dir else ""
-        lines.append(f"| `{s.rung.backend}` | {s.rung.mode or ''} | `{s.verdict.value}` | [{rel}]({rel}/report.md) |")
-    return "\n".join(lines) + "\n"
+    return render("ablation.md.j2", AblationView(
+        title=case.scenario.title or case.scenario.name, conclusion=conclusion.words, torch=case.torch,
+        platform=case.arch.platform, how=how,
+        steps=tuple(AblationRow(s.rung.backend, s.rung.mode or "", s.verdict.value, s.run_dir.name if s.run_dir else "")
+                    for s in steps)))

@@ -11,13 +11,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 from xml.sax.saxutils import escape
 
 from lab.core.results import FAILED_DIFFERENTLY
 from lab.drivers.bisect import AMBIGUOUS, FOUND, NOT_REPRODUCED, REPRODUCED, SKIP, BisectResult, Probe
 from lab.report.html import write_bisect_html
-from lab.report.markdown import render
+from lab.report.writer import render
 
 MD_NAME, SVG_NAME, JSON_NAME = "bisect.md", "bisect.svg", "bisect.json"
 
@@ -50,8 +49,16 @@ def write_bisect_report(folder: str | os.PathLike, scenario_name: str, arch: str
 # -- markdown ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class SourceRow:
+    label: str
+    commit: str | None      # None: not recorded
+    url: str | None = None  # the compare row: a link instead of a commit
+
+
+@dataclass(frozen=True)
 class BisectView:
-    """What bisect.md (lab/report/templates/bisect.md.j2) is laid out from: Markdown-escaped strings."""
+    """What bisect.md (lab/report/templates/bisect.md.j2) is laid out from: plain strings, escaped by
+    the template (lab.report.escape's filters)."""
 
     title: str
     status: str
@@ -60,21 +67,21 @@ class BisectView:
     svg: str
     candidate_count: int
     rows: tuple[tuple[int, str, str, str, str, str, str, str], ...]  # number, release, verdict, evidence,
-    #                                                 run folder link, build, run, total (formatted seconds)
+    #                                   run folder (relative; "" for none), build, run, total (formatted seconds)
     wall: str   # the summary line of the probes' times ("" when no probe has any)
     notes: tuple[str, ...]
     candidates: str
     untested_count: int
     untested: str
-    source: tuple[tuple[str, str], ...] = ()     # (label, value) of the boundary pinned to source
+    source: tuple[SourceRow, ...] = ()           # the boundary pinned to source
     git_bisect: str = ""
-    failed: tuple[tuple[str, str, str], ...] = ()  # release, expected, observed (escaped cells)
+    failed: tuple[tuple[str, str, str], ...] = ()  # release, expected, observed
     failed_counted: str = ""
     compare: str = ""                             # lab compare's summary of the boundary pair
     localization: str = ""
     localize_link: str = ""
-    blame: tuple[str, ...] = ()                   # lab.compare.diff.blame_lines (escaped)
-    blame_steps: tuple[tuple[str, str, str], ...] = ()  # label, verdict, flips (escaped cells)
+    blame: tuple[str, ...] = ()                   # lab.compare.diff.blame_lines
+    blame_steps: tuple[tuple[str, str, str], ...] = ()  # label, verdict, flips
 
 
 def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectResult,
@@ -82,36 +89,36 @@ def render_markdown(folder: Path, scenario_name: str, arch: str, result: BisectR
     tested = {p.version for p in result.steps}
     untested = [v for v in candidates if v not in tested]
     return render("bisect.md.j2", BisectView(
-        title=f"{_md(scenario_name)} ({_md(str(arch))}), {_md(result.from_version)} to {_md(result.to_version)}",
-        status=result.status, summary=_md(result.summary), resume_command=resume_command, svg=SVG_NAME,
+        title=f"{scenario_name} ({arch}), {result.from_version} to {result.to_version}",
+        status=result.status, summary=result.summary, resume_command=resume_command, svg=SVG_NAME,
         candidate_count=len(candidates),
-        rows=tuple((n, _cell(probe.version), _cell(_verdict(probe, result)),
-                    _cell(_one_line(probe.evidence or probe.reason)), _run_link(folder, probe.run_dir),
-                    _seconds(probe.build_s), _seconds(probe.run_s), _seconds(probe.total_s))
+        rows=tuple((n, probe.version, _verdict(probe, result), _one_line(probe.evidence or probe.reason),
+                    _run_folder(folder, probe.run_dir), _seconds(probe.build_s), _seconds(probe.run_s),
+                    _seconds(probe.total_s))
                    for n, probe in enumerate(result.steps, 1)),
         wall=wall_summary(result.steps),
-        notes=tuple(_md(note) for note in result.notes), candidates=_md(", ".join(candidates)),
-        untested_count=len(untested), untested=_md(", ".join(untested)),
+        notes=tuple(result.notes), candidates=", ".join(candidates),
+        untested_count=len(untested), untested=", ".join(untested),
         source=_source(result), git_bisect=result.source.git_bisect if result.source else "",
-        failed=tuple((_cell(p.version), _cell(p.different_failure.expected if p.different_failure else ""),
-                      _cell(p.different_failure.observed if p.different_failure else p.reason))
+        failed=tuple((p.version, p.different_failure.expected if p.different_failure else "",
+                      p.different_failure.observed if p.different_failure else p.reason)
                      for p in result.steps if p.verdict == FAILED_DIFFERENTLY),
         failed_counted=("skipped: never a boundary" if result.failed_differently == SKIP else
                         f"counted as {result.failed_differently} (--failed-differently)"),
-        compare="\n".join(result.compare), localization=_md(result.localization or ""),
+        compare="\n".join(result.compare), localization=result.localization or "",
         localize_link="localize/localize.md" if result.localize_dir else "",
-        blame=tuple(_md(line) for line in result.blame_lines()),
-        blame_steps=tuple((_cell(st.label), _cell(st.verdict), {True: "yes", False: "no"}.get(st.flips, "no verdict"))
+        blame=tuple(result.blame_lines()),
+        blame_steps=tuple((st.label, st.verdict, {True: "yes", False: "no"}.get(st.flips, "no verdict"))
                           for st in result.blame_steps)))
 
 
-def _source(result: BisectResult) -> tuple[tuple[str, str], ...]:
+def _source(result: BisectResult) -> tuple[SourceRow, ...]:
     s = result.source
     if s is None:
         return ()
-    return ((f"{_md(s.last_old)} (last old)", f"`{s.last_old_commit}`" if s.last_old_commit else "not recorded"),
-            (f"{_md(s.first_new)} (first new)", f"`{s.first_new_commit}`" if s.first_new_commit else "not recorded"),
-            ("compare", s.compare_url))
+    return (SourceRow(f"{s.last_old} (last old)", s.last_old_commit),
+            SourceRow(f"{s.first_new} (first new)", s.first_new_commit),
+            SourceRow("compare", None, s.compare_url))
 
 
 def wall_summary(steps: Sequence[Probe]) -> str:
@@ -152,21 +159,12 @@ def _one_line(text: str, limit: int = 140) -> str:
     return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
 
 
-def _md(text: str) -> str:
-    return text.replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _cell(text: str) -> str:
-    return _md(text).replace("|", "\\|") or "—"
-
-
-def _run_link(folder: Path, run_dir: str | None) -> str:
+def _run_folder(folder: Path, run_dir: str | None) -> str:
+    """A probe's run folder relative to the bisect folder ("" for none)."""
     if not run_dir:
-        return "—"
+        return ""
     target = Path(run_dir)
-    rel = Path(os.path.relpath(target, folder)) if target.is_absolute() else target
-    text = rel.as_posix()
-    return f"[{_cell(text)}]({quote(text)}/)"
+    return (Path(os.path.relpath(target, folder)) if target.is_absolute() else target).as_posix()
 
 
 # -- svg --------------------------------------------------------------------------------------------

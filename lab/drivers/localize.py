@@ -22,7 +22,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lab.analyze.evidence import read_text
@@ -33,6 +33,7 @@ from lab.core.records import Events, no_events
 from lab.core.results import BisectorResult, LocalizeResult
 from lab.drivers.ablate import run_ablation
 from lab.pipeline import RunCase, _command, plan_for, read_torch_file, run_limits
+from lab.report.writer import render
 
 BISECTOR_MODULE = "torch/_inductor/compiler_bisector.py"
 _COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "torch._functorch.", "torch._export.")
@@ -180,20 +181,20 @@ def _decoded(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class LocalizeView:
+    """What localize.md (lab/report/templates/localize.md.j2) is laid out from."""
+
+    result: LocalizeResult
+    ablation_link: str | None
+
+
 def localize_markdown(r: LocalizeResult, folder: Path | None = None) -> str:
     """localize.md. It may be pasted into an issue (`lab comment`), so its link to the ablation
     names it relative to `folder`, where the file lies (by the ablation folder's name without one),
     never by the user's absolute path."""
-    b = r.bisector
     ablation = None
     if r.ablation_dir:
         ablation = (os.path.relpath(Path(r.ablation_dir), folder) if folder is not None
                     else Path(r.ablation_dir).name) + "/ablation.md"
-    lines = [f"# Localization: {r.scenario}, torch {r.torch} ({r.arch})", "", f"**{r.conclusion}**", "",
-             f"- Backend ablation (`lab run --ablate`): {r.ablation}"
-             + (f" ([ablation.md]({ablation}))" if ablation else ""),
-             f"- torch._inductor.compiler_bisector: {b.words}"]
-    if b.ran:
-        lines.append(f"  - backend `{b.backend}`, subsystem `{b.subsystem}`, bisect number {b.bisect_number}; "
-                     f"log: [{b.log}]({b.log})")
-    return "\n".join(lines) + "\n"
+    return render("localize.md.j2", LocalizeView(r, ablation))

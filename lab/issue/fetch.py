@@ -9,14 +9,11 @@ import html.parser
 import json
 import os
 import re
-import socket
-import ssl
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+from lab.core import http
 from lab.core.errors import LabError
 from lab.core.scrub import redact_url
 
@@ -157,27 +154,24 @@ def _parse_date(text: str) -> date | None:
 
 
 def _get_json(url: str, token: str | None, timeout: float):
-    headers = {"Accept": "application/vnd.github+json", "User-Agent": "torch-repro-lab",
-               "X-GitHub-Api-Version": "2022-11-28"}
+    """One GET of GitHub's REST API through lab.core.http (the system's trust store, the
+    environment's proxies), the body read up to MAX_PAGE_BYTES."""
+    headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read(MAX_PAGE_BYTES)
-    except urllib.error.HTTPError as e:
+        body = http.get(url, timeout=timeout, headers=headers, max_bytes=MAX_PAGE_BYTES).body
+    except http.HttpStatusError as e:
         hint = None
-        if e.code in (401, 403, 429):
+        if e.status in (401, 403, 429):
             hint = ("GitHub refused the request (rate limit or token): set GITHUB_TOKEN, or save the page "
                     "(or the API's JSON) to a file and pass its path.")
-        elif e.code == 404:
+        elif e.status == 404:
             hint = "Check the URL; a private repository needs GITHUB_TOKEN."
-        raise IssueFetchError(f"{redact_url(url)} answered HTTP {e.code} {e.reason}.", hint=hint) from None
-    except (urllib.error.URLError, ssl.SSLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            reason = f"no answer within {timeout:g} s"
-        raise IssueFetchError(f"could not reach {redact_url(url)}: {reason}.",
+        raise IssueFetchError(str(e), hint=hint) from None
+    except http.HttpUnreachableError as e:
+        reason = f"no answer within {timeout:g} s" if e.timed_out else e.reason
+        raise IssueFetchError(f"could not reach {e.url}: {reason}.",
                               hint="Save the page (or the API's JSON) to a file and pass its path.") from None
     try:
         return json.loads(body.decode("utf-8", errors="replace"))

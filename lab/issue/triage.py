@@ -23,6 +23,7 @@ from lab.compare.comment import relative_paths, render_comment
 from lab.compare.diff import boundary_pair, compare_runs
 from lab.core.errors import LabError
 from lab.core.scrub import scrub_text
+from lab.report.writer import render
 from lab.scenario.lookup import load_scenario
 
 __all__ = ["RunStep", "BisectStep", "TriageState", "compare_seam", "run_triage", "summary_lines"]
@@ -253,24 +254,26 @@ def _source_name(source: str) -> str:
     return source if "://" in source else Path(source).name
 
 
+@dataclass(frozen=True)
+class TriageView:
+    """What the triage comment (lab/report/templates/triage.md.j2) is laid out from."""
+
+    summary: tuple[str, ...]
+    runs: tuple[RunStep, ...]
+    boundary: tuple[str, str] | None      # last old, first new
+    compare_comment: str | None           # `lab comment` of the boundary, pasted
+    compare_text: str | None              # else the comparison's text
+    compare_why: str | None               # else why there is none
+    source: str
+
+
 def _comment_text(state: TriageState) -> str:
-    out = ["### Triage by torch-repro-lab", ""]
-    out += [f"- {s}" for s in summary_lines(state)]
-    out += ["", "| torch | arch | verdict |", "|---|---|---|"]
-    for step in (state.page_run, state.newest_run if state.newest_run is not state.page_run else None):
-        if step:
-            out.append(f"| {step.torch} | {step.arch} | {step.verdict} |")
-    if state.bisect and state.bisect.status == "found":
-        out.append(f"| {state.bisect.last_old} | | last with the old behaviour |")
-        out.append(f"| {state.bisect.first_new} | | first with the new behaviour |")
-    cmp = state.compare or {}
-    if cmp.get("available") and cmp.get("comment"):
-        out += ["", str(cmp["comment"])]
-    elif cmp.get("available") and cmp.get("text"):
-        out += ["", "<details><summary>comparison of the boundary</summary>", "", "```", str(cmp["text"]), "```",
-                "", "</details>"]
-    elif cmp.get("why"):
-        out += ["", f"_{cmp['why']}_"]
-    out += ["", "<details><summary>reproduce</summary>", "", "```", f"lab triage {_source_name(state.source)}", "```",
-            "", "</details>", ""]
-    return "\n".join(out)
+    runs = [state.page_run, state.newest_run if state.newest_run is not state.page_run else None]
+    b, cmp = state.bisect, state.compare or {}
+    available = bool(cmp.get("available"))
+    return render("triage.md.j2", TriageView(
+        summary=tuple(summary_lines(state)), runs=tuple(step for step in runs if step),
+        boundary=(str(b.last_old), str(b.first_new)) if b and b.status == "found" else None,
+        compare_comment=str(cmp["comment"]) if available and cmp.get("comment") else None,
+        compare_text=str(cmp["text"]) if available and cmp.get("text") else None,
+        compare_why=str(cmp["why"]) if cmp.get("why") else None, source=_source_name(state.source)))

@@ -21,15 +21,11 @@ from lab.analyze.evidence import read_text
 from lab.analyze.loader import canonical_path
 from lab.core.errors import LabError
 from lab.core.results import BisectResult, EvidenceRecord, MatrixResult, RunResult, read_document, read_result
-from lab.report import markdown
 from lab.report.loader_graph import NO_DOT, Edge, draw, graph_of_run
+from lab.report.writer import render
 
 HTML_NAME = "report.html"
 _LOG_TAIL_LINES = 400
-
-
-def render(template: str, view: object) -> str:
-    return markdown.render(template, view, autoescape=True)
 
 
 @dataclass(frozen=True)

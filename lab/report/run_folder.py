@@ -41,7 +41,7 @@ from lab.core.results import (
 )
 from lab.core.runmarker import mark_run
 from lab.report.html import write_run_html
-from lab.report.markdown import render
+from lab.report.writer import render
 from lab.scenario.lookup import find_by_name
 
 _LOG_TAIL_LINES = 200
@@ -212,20 +212,19 @@ def _dump_json(path: Path, data: dict) -> None:
 
 # --- report.md ---------------------------------------------------------------
 # The values report.md is laid out from (lab/report/templates/report.md.j2): plain strings and
-# flags, every Markdown escape done here.
+# flags; the template escapes them (lab.report.escape's filters).
 @dataclass(frozen=True)
 class Details:
-    """A collapsed log: <details> with a fenced block (four backticks when the body has three)."""
+    """A collapsed log: the template's `details` filter puts it in <details> with a fenced block."""
 
     summary: str
     body: str
-    fence: str
 
 
 @dataclass(frozen=True)
 class CheckRow:
     key: str
-    expected: str      # escaped for a table cell
+    expected: str
     observed: str
     held: bool
 
@@ -290,7 +289,7 @@ class ReportView:
     lab_version: str
     environment: tuple[Details, ...]
     torch_commit: str | None = None                 # torch.version.git_version of the image
-    different: tuple[str, str] | None = None        # failed_differently: (expected, observed), escaped
+    different: tuple[str, str] | None = None        # failed_differently: (expected, observed)
     signature: tuple[str, str] | None = None        # exit-code-only scenario: (words, the YAML to pin it)
     local: LocalRef | None = None      # a run of the local engine: no container, the host's system
 
@@ -322,7 +321,7 @@ def report_view(rec: RunRecord) -> ReportView:
         cuts=_cut_words(ev) if ev else "",
         description=s.description.strip() if s.description else None,
         words=tuple(ev.plain_words() if ev else ["no run: the image build failed"]),
-        checks=tuple(CheckRow(c.key, _cell(c.expected), _cell(c.observed), c.held) for c in j.checks),
+        checks=tuple(CheckRow(c.key, c.expected, c.observed, c.held) for c in j.checks),
         diagnostics=None if d is None else DiagnosticsView(tuple(d.plain_words()), tuple(d.trace_files)),
         not_collected=("no run" if ev is None else
                        "the run timed out, and a second run would hang too" if ev.timed_out else
@@ -344,7 +343,7 @@ def report_view(rec: RunRecord) -> ReportView:
         lab_version=__version__,
         environment=tuple(_environment(rec)),
         torch_commit=rec.torch_build.git_version if rec.torch_build else None,
-        different=(_cell(j.different.expected), _cell(j.different.observed)) if j.different else None,
+        different=(j.different.expected, j.different.observed) if j.different else None,
         signature=_proposed_signature(j, s.expect),
         local=rec.local,
     )
@@ -358,15 +357,15 @@ def _proposed_signature(j, expect) -> tuple[str, str] | None:
         return None
     fields = {k: v for k, v in sig.to_json().items() if v is not None}
     flow = "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in fields.items()) + "}"
-    return _cell(sig.words()), flow
+    return sig.words(), flow
 
 
 def _environment(rec: RunRecord) -> list[Details]:
     out: list[Details] = []
     if rec.collect_env:
-        out.append(_details("python -m torch.utils.collect_env", rec.collect_env))
+        out.append(_log("python -m torch.utils.collect_env", rec.collect_env))
     d = rec.run_dir
-    out.append(_details("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else ""))
+    out.append(_log("Dockerfile", (d / "Dockerfile").read_text() if (d / "Dockerfile").exists() else ""))
     return out
 
 
@@ -470,18 +469,14 @@ def _logs(rec: RunRecord) -> list[Details]:
             text = read_text(d / name, limit=256 * 1024)
             lines = text.splitlines()
             note = f" (last {_LOG_TAIL_LINES} of {len(lines)} lines)" if len(lines) > _LOG_TAIL_LINES else ""
-            out.append(_details(title + note, "\n".join(lines[-_LOG_TAIL_LINES:])))
+            out.append(_log(title + note, "\n".join(lines[-_LOG_TAIL_LINES:])))
     if rec.evidence and rec.evidence.duplicate_runtimes:
-        out.append(_details("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
+        out.append(_log("Loader evidence (LD_DEBUG=libs,files)", "\n".join(
             f"pid {dup.pid}: {path}  <- {obj.needed_by or '?'}"
             for dup in rec.evidence.duplicate_runtimes
             for path, obj in zip(dup.paths, dup.objects, strict=True))))
     return out
 
 
-def _details(summary: str, body: str) -> Details:
-    return Details(summary, body.rstrip(), "````" if "```" in body else "```")
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def _log(summary: str, body: str) -> Details:
+    return Details(summary, body.rstrip())
