@@ -764,10 +764,11 @@ def engines_cmd(
     with the reason."""
     def body() -> None:
         from lab.core.records import format_bytes
-        from lab.engine.engines import engine_specs, parse_spec, survey
+        from lab.engine.engines import engine_specs, parse_spec, slurm_specs, survey
         specs = engine_specs(engines or (), _settings()["engines"])
         if not any(s.kind == "local" for s in specs):
             specs.append(parse_spec("local", "built-in"))
+        specs += [s for s in slurm_specs() if s.name not in {t.name for t in specs}]  # a Slurm that answers here
         facts = [f for f, _ in survey(specs)]
         if as_json:
             out.print(json.dumps({"engines": [f.as_json() for f in facts]}), markup=False)
@@ -784,6 +785,12 @@ def engines_cmd(
                           f"NVIDIA devices {'yes' if f.gpu else 'no'}\n"
                           f"  confinement {escape(f.confinement or '?')}; free disk {escape(disk)} (cache); "
                           f"{f.slots} slot(s)", soft_wrap=True)
+                continue
+            if f.kind == "slurm":
+                out.print(f"{head}: [green]available[/] (Slurm partition; `--engine {escape(f.name)}`)\n"
+                          f"  {f.nodes} node(s): arch {f.arch}, {f.cpus} CPUs, {format_bytes(f.memory or 0)} memory, "
+                          f"{f.gpus or 0} GPU(s) per node; {escape(f.version or '?')}; {f.slots} slot(s)",
+                          soft_wrap=True)
                 continue
             emulates = ", ".join(f.emulates) or "nothing" if f.emulates is not None else "unknown (remote)"
             out.print(f"{head}: [green]reachable[/]\n"

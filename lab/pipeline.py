@@ -120,6 +120,10 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     unchanged. `diagnose=None` (the default) runs it only when the run calls for it: an exception
     from the compiler stack, or an expectation that needs it (graph_breaks); True always, False never.
     """
+    if hasattr(engine, "run_elsewhere"):  # a scheduler's engine (Slurm): the case runs on one of its nodes
+        return engine.run_elsewhere(case, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
+                                    compile_debug=compile_debug, allow_network=allow_network,
+                                    collect_env=collect_env, plan=plan)
     check_gpu(case, engine)
     limits = run_limits(case, allow_network)
     system = check_local(case, engine, events) if is_local(engine) else None

@@ -387,21 +387,22 @@ def _bad_release(result: BisectResult) -> str | None:
 
 def _local_words(fleet: Fleet | None) -> tuple[str, ...]:
     """`--engine local` (and `--trust-script`) for the resume command of a local-only bisection."""
-    if fleet is None or set(fleet.engines) != {"local"}:
+    if fleet is None or not fleet.engines or not all(n == "local" or n.startswith("slurm:") for n in fleet.engines):
         return ()
-    options = getattr(fleet.engine("local"), "options", None)
-    return ("--engine", "local") + (("--trust-script",) if options is not None and options.trust_script else ())
+    options = getattr(next(iter(fleet.engines.values())), "options", None)
+    return tuple(w for n in fleet.engines for w in ("--engine", n)) + (
+        ("--trust-script",) if options is not None and options.trust_script else ())
 
 
 def local_python(fleet: Fleet | None) -> str | None:
     """The Python (X.Y) of a bisection that runs on the local engine only: its venvs are made from the
     host's Python, whatever the scenario's base image has."""
-    if fleet is None or set(fleet.engines) != {"local"}:
-        return None
+    if fleet is None or not fleet.engines or not all(n == "local" or n.startswith("slurm:") for n in fleet.engines):
+        return None  # (a Slurm partition's tasks run the local engine on their nodes, with the lab's Python)
     import os
 
     from lab.build.localenv import default_python, probe_python
-    engine = fleet.engine("local")
+    engine = next(iter(fleet.engines.values()))
     python = getattr(engine, "options", None) and engine.options.python or default_python()
     return ".".join(probe_python(os.path.realpath(python)).version.split(".")[:2])
 

@@ -201,7 +201,7 @@ def open_fleet(flags: Sequence[str] = (), configured: Sequence[str] = (), jobs: 
     from lab.core.errors import EngineError
     from lab.engine.engines import engine_specs, survey
     specs = engine_specs(flags, (), include_current=False) if flags else engine_specs((), configured)
-    specs = [replace(s, options=local) if s.kind == "local" else s for s in specs]
+    specs = [replace(s, options=local) if s.kind in ("local", "slurm") else s for s in specs]
     members = survey(specs)
     reachable = [(f, e) for f, e in members if f.reachable and e is not None]
     for facts, _ in members:
