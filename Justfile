@@ -16,7 +16,7 @@ test *ARGS:
 
 # Only the fast tests (no Docker, no real run of the local engine)
 test-fast *ARGS:
-    {{venv}}/pytest -m "not docker and not local" {{ARGS}}
+    {{venv}}/pytest -m "not docker and not local and not slurm" {{ARGS}}
 
 # The local engine's real runs (uv venvs, bubblewrap; no Docker needed)
 test-local *ARGS:

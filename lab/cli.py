@@ -307,7 +307,7 @@ class Progress:
     """Progress of long work on stderr: build steps stay on screen, the rest updates one status line
     (no status line with -q; with -v every message stays on screen)."""
 
-    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache", "deps", "blame")
+    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache", "deps", "blame", "slurm")
 
     def __init__(self) -> None:
         self._status = None if _OUTPUT.quiet else err.status("starting", spinner="dots")
@@ -523,6 +523,8 @@ def _matrix(cases, fleet, host, runs_root: Path, repeat: int, as_json: bool, opt
     from lab.pipeline import run_case
 
     workers = max(1, min(fleet.slots, len(cases) * repeat))
+    if all(fleet.queues(name) for name in fleet.engines):  # Slurm queues the cells itself: one array
+        workers = len(cases) * repeat
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "")
               + (f", {workers} at once on {len(fleet.live_engines())} engine(s)" if workers > 1 else "") + ":")
     for c in cases:

@@ -9,10 +9,12 @@ goes to the task's Slurm log. The host's pip settings are read here, from this n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -38,10 +40,22 @@ def run_task(folder: Path, index: int) -> int:
     def events(stage: str, message: str) -> None:
         log.info("[%s] %s", stage, message)
 
+    engine = LocalEngine(task["local"])
+
+    def stop(signum, frame) -> None:  # scancel, preemption, the time limit: end the sandboxed run too
+        log.error("signal %d: ending the run", signum)
+        for proc in list(engine._running):  # the sandbox's pid 1 ignores the SIGTERM Slurm sends, and
+            child = getattr(proc, "lab_child", None)  # outlives bwrap when Slurm's TERM has ended bwrap first
+            if child:
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+        engine.remove_session_containers()
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     out = folder / f"task-{index}.out.pkl"
     try:
-        outcome = run_case(task["case"], LocalEngine(task["local"]), discover(), Path(task["runs_root"]), events,
-                           **options)
+        outcome = run_case(task["case"], engine, discover(), Path(task["runs_root"]), events, **options)
         answer: dict = {"outcome": outcome}
     except LabError as exc:
         log.error("no verdict: %s", exc)

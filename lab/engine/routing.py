@@ -166,7 +166,8 @@ class Fleet:
                 candidates = self.routes(arch, gpu, what, gpu_hint)
                 # engines left without a share of --jobs serve only cases no other engine fits
                 served = [r for r in candidates if self.capacity[r.engine] > 0] or candidates[:1]
-                free = [r for r in served if self.busy[r.engine] < max(self.capacity[r.engine], 1)]
+                free = [r for r in served if self.busy[r.engine] < max(self.capacity[r.engine], 1)
+                        or self.queues(r.engine)]
                 if free:
                     chosen = free[0]
                     self.busy[chosen.engine] += 1
@@ -178,6 +179,10 @@ class Fleet:
             with self._cond:
                 self.busy[chosen.engine] -= 1
                 self._cond.notify_all()
+
+    def queues(self, name: str) -> bool:
+        """Whether the engine queues cases itself (a Slurm partition): never waited for, every case at once."""
+        return any(f.name == name and f.kind == "slurm" for f in self.facts)
 
     def mark_down(self, name: str, reason: str) -> None:
         with self._cond:
