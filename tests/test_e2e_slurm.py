@@ -162,3 +162,21 @@ def sandboxes_of(name: str) -> list[str]:
     time.sleep(1)
     found = subprocess.run(["pgrep", "-f", f"python {name}.py"], capture_output=True, text=True).stdout
     return found.split()
+
+
+def test_a_case_goes_to_the_partition_whose_nodes_declare_its_arch(tmp_path):
+    """Two slurmd on this host (bin/setup-slurm): node vm-2, in partition lab-arm64, declares the feature
+    arm64. An arm64 case given both partitions goes there, and its task runs on vm-2, whose local engine
+    then finds the host's real arch (it never emulates) and says so: no verdict, and the reason named."""
+    path, env = stand_ins(tmp_path, "slurm-route", ("0.0.1",), PRINT)
+    path.write_text(path.read_text().replace(f"arch: {ARCH}", "arch: [amd64, arm64]"))
+    runs = tmp_path / "runs"
+    proc = run_lab("run", str(path), "--arch", "arm64", "--engine", "slurm:lab", "--engine", "slurm:lab-arm64",
+                   "--out", str(runs), "--no-diagnose", "--json", env=env)
+    assert "submitted to partition lab-arm64" in proc.stderr, proc.stderr[-3000:]
+    [(job, _)] = arrays(runs)
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=20)
+    node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip() + "-2"
+    assert "Partition=lab-arm64" in shown.stdout and f"NodeList={node} " in shown.stdout
+    if ARCH == "amd64":  # the node is this x86-64 host in truth
+        assert proc.returncode != 0 and "the local engine runs only this host's architecture" in proc.stderr
