@@ -120,7 +120,8 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     unchanged. `diagnose=None` (the default) runs it only when the run calls for it: an exception
     from the compiler stack, or an expectation that needs it (graph_breaks); True always, False never.
     """
-    if hasattr(engine, "run_elsewhere"):  # a scheduler's engine (Slurm): the case runs on one of its nodes
+    if hasattr(engine, "run_elsewhere"):  # a scheduler's engine (Slurm): the case runs whole on one of its nodes
+        engine.check(case, events)
         return engine.run_elsewhere(case, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
                                     compile_debug=compile_debug, allow_network=allow_network,
                                     collect_env=collect_env, plan=plan)

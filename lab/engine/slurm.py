@@ -330,8 +330,44 @@ class SlurmEngine(LocalEngine):
         return answers()
 
     def check_native(self, arch: Arch, what: str) -> None:
-        if arch.value not in self.facts().arches:
-            raise SlurmError(f"partition {self.partition} has no {arch.value} nodes ({what} is {arch.value}).")
+        if arch not in self.native_arches:
+            raise SlurmError(f"partition {self.partition} has no {arch.value} nodes ({what} is {arch.value}).",
+                             hint="Name a partition whose nodes declare that arch as a feature (see `lab engines`).")
+
+    # --- the engine protocol's capabilities (lab/engine/protocol.py, issue 30) ------------------
+    # The case runs whole on a node (run_elsewhere), where the local engine checks, prepares and runs
+    # it; these say what the partition offers, for routing, records and the resume command.
+    @property
+    def native_arches(self) -> frozenset[Arch]:
+        return frozenset(Arch(a) for a in self.facts().arches)
+
+    @property
+    def gpu(self) -> bool:
+        return self.has_gpu_runtime()
+
+    @property
+    def emulates(self) -> bool:
+        return False  # the node's local engine runs its own arch only
+
+    @property
+    def keeps_images(self) -> bool:
+        return False
+
+    @property
+    def cross_installs(self) -> bool:
+        return False
+
+    def resume_args(self) -> tuple[str, ...]:
+        return ("--engine", self.name) + (("--trust-script",) if self.options.trust_script else ())
+
+    def check(self, case, events=None) -> str | None:
+        """What the partition refuses before anything is submitted (the node's local engine checks the
+        rest: bubblewrap, system packages): an arch none of its nodes has, a GPU case without GPUs."""
+        self.check_native(case.arch, case.name)
+        if case.scenario.gpu and not self.gpu:
+            raise SlurmError(f"partition {self.partition} has no GPUs (no gpu GRES on its nodes), and "
+                             f"{case.scenario.name} needs one.", hint="Name a GPU partition (see `lab engines`).")
+        return None
 
     # --- running cases ---------------------------------------------------------
     def run_elsewhere(self, case, host, runs_root: Path, events: Callable[[str, str], None], **options):
