@@ -180,3 +180,29 @@ def test_a_case_goes_to_the_partition_whose_nodes_declare_its_arch(tmp_path):
     assert "Partition=lab-arm64" in shown.stdout and f"NodeList={node} " in shown.stdout
     if ARCH == "amd64":  # the node is this x86-64 host in truth
         assert proc.returncode != 0 and "the local engine runs only this host's architecture" in proc.stderr
+
+
+def test_a_requeued_task_is_followed_to_its_verdict(tmp_path):
+    """`scontrol requeue` (what a preemption with requeue does): the task starts again from the top and
+    the lab waits for that second start, says so, and takes its verdict."""
+    name = "slurm-requeue"
+    path, env = stand_ins(tmp_path, name, ("0.0.1",), PRINT + "import time\ntime.sleep(4)\n")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([*LAB, "run", str(path), "--engine", ENGINE, "--out", str(runs), "--no-diagnose",
+                             "--json"], cwd=ROOT, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        [task] = wait_for(lambda: [log.stem.split("-", 1)[1] for log in runs.glob(".slurm/*/slurm-*.out")
+                                   if "running python" in log.read_text()])
+        subprocess.run(["scontrol", "requeue", task], check=True, timeout=20)
+        # Slurm holds a requeued job back for a while (its begin time); start it now
+        start_now = ["scontrol", "update", f"jobid={task}", "starttime=now"]
+        wait_for(lambda: "PENDING" in " ".join(queued(name))
+                 and subprocess.run(start_now, capture_output=True, timeout=20).returncode == 0, 60)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert last_json(stdout)["verdict"] == "reproduced"
+    assert f"Slurm job {task}: RUNNING" in stderr and "(requeued 1x)" in stderr, stderr[-3000:]
