@@ -25,7 +25,7 @@ from lab.core.errors import EngineError
 from lab.engine.docker_engine import Engine, current_context_name, docker_context, env_tls
 from lab.engine.local_engine import LOCAL, LocalEngine, LocalOptions, memory_bytes
 from lab.engine.slurm import PREFIX as SLURM_PREFIX
-from lab.engine.slurm import SLURM, SlurmEngine, SlurmError
+from lab.engine.slurm import SLURM, SlurmEngine, SlurmError, partition_names
 from lab.scenario.schema import Arch
 
 GiB = 1024**3
@@ -272,7 +272,6 @@ def describe_slurm(spec: EngineSpec, engine: SlurmEngine | None = None) -> Engin
 
 def slurm_specs(source: str = "slurm") -> list[EngineSpec]:
     """Every partition of a Slurm that answers here, as `slurm:PARTITION` (none without Slurm)."""
-    from lab.engine.slurm import partition_names
     return [EngineSpec(SLURM_PREFIX + name, SLURM_PREFIX + name, source, kind=SLURM) for name in partition_names()]
 
 

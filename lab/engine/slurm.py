@@ -29,6 +29,7 @@ import os
 import pickle
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -222,7 +223,6 @@ def answers() -> bool:
 
 def partition_names() -> list[str]:
     """The partitions of a Slurm that answers here, for `lab engines` (none where Slurm is absent)."""
-    import shutil
     if shutil.which("scontrol") is None or not answers():
         return []
     try:
