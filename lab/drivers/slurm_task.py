@@ -16,11 +16,13 @@ import pickle
 import shutil
 import signal
 import sys
+import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from lab.build.hostpip import discover
 from lab.core.errors import EngineError, LabError
-from lab.engine.local_engine import LocalEngine
+from lab.engine.engines import connect, parse_spec
 from lab.pipeline import run_case
 
 log = logging.getLogger("lab.slurm_task")
@@ -40,11 +42,11 @@ def run_task(folder: Path, index: int) -> int:
     def events(stage: str, message: str) -> None:
         log.info("[%s] %s", stage, message)
 
-    engine = LocalEngine(task["local"])
+    engine = connect(replace(parse_spec("local", "slurm"), options=task["local"]))  # this node's local engine
 
     def stop(signum, frame) -> None:  # scancel, preemption, the time limit: end the sandboxed run too
         log.error("signal %d: ending the run", signum)
-        for proc in list(engine._running):  # the sandbox's pid 1 ignores the SIGTERM Slurm sends, and
+        for proc in list(getattr(engine, "_running", ())):  # the sandbox's pid 1 ignores the SIGTERM Slurm sends, and
             child = getattr(proc, "lab_child", None)  # outlives bwrap when Slurm's TERM has ended bwrap first
             if child:
                 with contextlib.suppress(OSError):
@@ -61,6 +63,10 @@ def run_task(folder: Path, index: int) -> int:
         log.error("no verdict: %s", exc)
         answer = {"error": exc.message.split("\n")[0][:400], "hint": getattr(exc, "hint", None),
                   "engine": isinstance(exc, EngineError)}
+    except Exception as exc:  # noqa: BLE001 - a bug in the lab: said as such, with its traceback in the log
+        log.error("unexpected error:\n%s", traceback.format_exc())
+        answer = {"error": f"unexpected {type(exc).__name__} in the lab on the node: {str(exc)[:300]} (a bug in "
+                           "the lab; its traceback is in the task's log)", "hint": None, "engine": False}
     tmp = out.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
         pickle.dump(answer, fh)
