@@ -22,6 +22,10 @@ test-fast *ARGS:
 test-local *ARGS:
     {{venv}}/pytest -m local {{ARGS}}
 
+# The Slurm engine's real jobs (bin/setup-slurm starts a one-node cluster on this host)
+test-slurm *ARGS:
+    {{venv}}/pytest -m slurm {{ARGS}}
+
 lint:
     {{venv}}/ruff check lab tests bench
 
