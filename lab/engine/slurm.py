@@ -411,6 +411,7 @@ class SlurmEngine(LocalEngine):
     def submit(self, folder: Path, tasks: list[dict]) -> str:
         """One `sbatch --array` of these tasks; their pickles and Slurm logs in `folder`. The job id."""
         folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o700)  # the tasks' pickles are code to the node's lab: the user's alone
         for i, task in enumerate(tasks):
             with open(folder / f"task-{i}.pkl", "wb") as fh:
                 pickle.dump(task, fh)
