@@ -17,7 +17,7 @@ test *ARGS:
 
 # Only the fast tests (no Docker, no real run of the local engine)
 test-fast *ARGS:
-    {{venv}}/pytest -m "not docker and not local" {{ARGS}}
+    {{venv}}/pytest -m "not docker and not local and not slurm" {{ARGS}}
 
 # The local engine's real runs (uv venvs, bubblewrap; no Docker needed)
 test-local *ARGS:
@@ -26,6 +26,10 @@ test-local *ARGS:
 # The documentation site, rebuilt on every save (http://127.0.0.1:8000); tests/test_docs.py builds it --strict
 docs:
     {{venv}}/mkdocs serve
+
+# The Slurm engine's real jobs (bin/setup-slurm starts a one-node cluster on this host)
+test-slurm *ARGS:
+    {{venv}}/pytest -m slurm {{ARGS}}
 
 lint:
     {{venv}}/ruff check lab tests bench

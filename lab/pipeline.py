@@ -94,6 +94,11 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     from the compiler stack, or an expectation that needs it (graph_breaks); True always, False never.
     """
     system = engine.check(case, events)  # what this engine refuses (GPU, arch, confinement, packages)
+    elsewhere = engine.run_elsewhere(case, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
+                                     compile_debug=compile_debug, allow_network=allow_network,
+                                     collect_env=collect_env, plan=plan)
+    if elsewhere is not None:  # a scheduler's engine (Slurm) ran the whole case on one of its nodes
+        return elsewhere
     limits = run_limits(case, allow_network)
     with cache_policy.lease():  # what this run uses is not evicted while it runs
         outcome = _run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,

@@ -116,6 +116,13 @@ def engine_answers() -> bool:
         return False
 
 
+def slurm_answers() -> bool:
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("CI"):
         return  # in CI a missing engine or browser must fail their tests, not skip them
@@ -123,6 +130,11 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="no Docker engine answers (run bin/setup-host)")
         for item in items:
             if "docker" in item.keywords:
+                item.add_marker(skip)
+    if any("slurm" in item.keywords for item in items) and not slurm_answers():
+        skip = pytest.mark.skip(reason="no Slurm answers (run bin/setup-slurm as root)")
+        for item in items:
+            if "slurm" in item.keywords:
                 item.add_marker(skip)
     from tests.browser import find_chromium
     if find_chromium() is None:

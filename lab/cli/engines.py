@@ -12,7 +12,7 @@ from lab.cli.guard import guard
 from lab.cli.options import JsonOpt
 from lab.cli.output import out, print_json
 from lab.core.records import format_bytes
-from lab.engine.engines import engine_specs, parse_spec, survey
+from lab.engine.engines import engine_specs, parse_spec, slurm_specs, survey
 
 
 def engines(
@@ -28,6 +28,7 @@ def engines(
         specs = engine_specs(engines or (), inputs.settings()["engines"])
         if not any(s.kind == "local" for s in specs):
             specs.append(parse_spec("local", "built-in"))
+        specs += [s for s in slurm_specs() if s.name not in {t.name for t in specs}]  # a Slurm that answers here
         facts = [f for f, _ in survey(specs)]
         if as_json:
             print_json({"engines": [f.as_json() for f in facts]})
@@ -38,6 +39,12 @@ def engines(
                 out.print(f"{head}: [red]unreachable[/], skipped: {escape(f.reason or '')}", soft_wrap=True)
                 continue
             disk = format_bytes(f.free_disk) if f.free_disk is not None else f"unknown ({f.free_disk_note})"
+            if f.kind == "slurm":
+                out.print(f"{head}: [green]available[/] (Slurm partition; `--engine {escape(f.name)}`)\n"
+                          f"  {f.nodes} node(s): arch {f.arch}, {f.cpus} CPUs, {format_bytes(f.memory or 0)} memory, "
+                          f"{f.gpus or 0} GPU(s) per node; {escape(f.version or '?')}; {f.slots} slot(s)",
+                          soft_wrap=True)
+                continue
             if f.kind == "local":
                 out.print(f"{head}: [green]available[/] (this host, no container; `--engine local`)\n"
                           f"  arch {f.arch} only (no emulation), {f.cpus} CPUs, {format_bytes(f.memory or 0)} memory, "

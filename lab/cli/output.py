@@ -91,7 +91,7 @@ class Progress:
     """Progress of long work on stderr: build steps stay on screen, the rest updates one status line
     (no status line with -q; with -v every message stays on screen)."""
 
-    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache", "deps", "blame")
+    SHOWN = ("base", "run", "diagnose", "ablate", "bisect", "replay", "site", "cache", "deps", "blame", "slurm")
 
     def __init__(self) -> None:
         self._status = None if OUTPUT.quiet else err.status("starting", spinner="dots")

@@ -108,6 +108,8 @@ def _one(request: RunRequest, plan: RunPlan, fleet, runs_root: Path, as_json: bo
 def _matrix(request: RunRequest, plan: RunPlan, fleet, runs_root: Path, as_json: bool) -> None:
     cases, repeat = plan.cases, request.repeat
     workers = max(1, min(fleet.slots, len(cases) * repeat))
+    if all(fleet.queues(name) for name in fleet.engines):  # Slurm queues the cells itself: one array
+        workers = len(cases) * repeat
     err.print(f"[bold]{len(cases)} cell(s)[/]" + (f" x {repeat} runs" if repeat > 1 else "")
               + (f", {workers} at once on {len(fleet.live_engines())} engine(s)" if workers > 1 else "") + ":")
     for c in cases:

@@ -144,6 +144,11 @@ class DockerEngine(DockerImages, DockerContainers, DockerHousekeeping):
         return ()
 
     # --- one case ------------------------------------------------------------
+    def run_elsewhere(self, case: Case, host: HostPip, runs_root: Path, events: Events = no_events,
+                      **options: object) -> None:
+        """None: this engine runs each step of the case here (see Engine.run_elsewhere)."""
+        return None
+
     def check(self, case: Case, events: Events = no_events) -> str | None:
         """A GPU case: the engine answers a test container that requests all GPUs
         (lab.engine.gpu.check_case); the refusal is its own. Nothing else is refused ahead: another

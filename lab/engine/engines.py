@@ -28,6 +28,8 @@ from lab.engine.docker_client import context_address, current_address, env_tls, 
 from lab.engine.docker_engine import DockerEngine
 from lab.engine.local_engine import LOCAL, LocalEngine, LocalOptions, memory_bytes
 from lab.engine.protocol import Engine
+from lab.engine.slurm import PREFIX as SLURM_PREFIX
+from lab.engine.slurm import SLURM, SlurmEngine, SlurmError, partition_names
 
 GiB = 1024**3
 # One probe or matrix cell (pip, Inductor's C++ compiler, QEMU) wants about two cores and 4 GiB.
@@ -73,6 +75,8 @@ class EngineFacts:
     local: bool = False               # the engine's socket is on this host
     kind: str = "docker"              # "local": the local engine (no container)
     confinement: str | None = None    # the local engine: bubblewrap's version, or why it cannot confine
+    nodes: int | None = None          # a Slurm partition: its nodes (cpus, memory and gpus are per node)
+    gpus: int | None = None           # a Slurm partition: GPUs per node
 
     @property
     def slots(self) -> int:
@@ -81,7 +85,7 @@ class EngineFacts:
             return 0
         by_cpu = (self.cpus or 1) // CORES_PER_SLOT
         by_mem = (self.memory or MEMORY_PER_SLOT) // MEMORY_PER_SLOT
-        return max(1, min(by_cpu, by_mem))
+        return max(1, min(by_cpu, by_mem)) * (self.nodes or 1)
 
     def can_run(self, arch: str) -> str | None:
         """'native', 'emulated' (known to work), 'maybe' (a remote engine: unknown) or None."""
@@ -100,7 +104,7 @@ class EngineFacts:
                 "free_disk_note": self.free_disk_note,
                 "emulates": list(self.emulates) if self.emulates is not None else None,
                 "local": self.local, "slots": self.slots, "kind": self.kind,
-                "confinement": self.confinement}
+                "confinement": self.confinement, "nodes": self.nodes, "gpus": self.gpus}
 
 
 # ----------------------------------------------------------------------------- which engines
@@ -121,6 +125,10 @@ def parse_spec(text: str, source: str) -> EngineSpec:
     text = text.strip()
     if text == LOCAL or text == "local://":
         return EngineSpec(LOCAL, "local://", source, kind=LOCAL)
+    if text.startswith(SLURM_PREFIX):
+        if not text[len(SLURM_PREFIX):]:
+            return EngineSpec(text, None, source, problem="name the partition: slurm:PARTITION (see `sinfo`)")
+        return EngineSpec(text, text, source, kind=SLURM)
     if "://" in text:
         scheme = urlparse(text).scheme
         if scheme not in SCHEMES:
@@ -153,6 +161,11 @@ def connect(spec: EngineSpec, answer_within: float = CONNECT_TIMEOUT_S) -> Engin
     """An Engine for `spec`; EngineError (with the reason) when it does not answer."""
     if spec.kind == LOCAL:
         return LocalEngine(spec.options if isinstance(spec.options, LocalOptions) else None)
+    if spec.kind == SLURM and not spec.problem:
+        engine = SlurmEngine(spec.name[len(SLURM_PREFIX):],
+                             spec.options if isinstance(spec.options, LocalOptions) else None)
+        engine.facts()  # SlurmError (an EngineError) when Slurm or the partition does not answer
+        return engine
     if spec.problem or not spec.url:
         raise EngineError(f"engine {spec.name}: {spec.problem or 'no address'}.")
     return DockerEngine.connect_url(spec.url, name=spec.name, tls=spec.tls, answer_within=answer_within)
@@ -178,6 +191,8 @@ def describe(spec: EngineSpec, engine: Engine | None = None) -> EngineFacts:
     base = dict(name=spec.name, url=spec.url, source=spec.source)
     if spec.problem:
         return EngineFacts(**base, reachable=False, reason=spec.problem)
+    if spec.kind == SLURM:
+        return describe_slurm(spec, engine if isinstance(engine, SlurmEngine) else None)
     if spec.kind == LOCAL:
         return describe_local(spec, engine if isinstance(engine, LocalEngine) else None)
     try:
@@ -222,6 +237,31 @@ def describe_local(spec: EngineSpec, engine: LocalEngine | None = None) -> Engin
                        free_disk=free, free_disk_note=note, emulates=(), local=True, kind=LOCAL,
                        confinement=(f"bubblewrap {c.version}" if c.confined else
                                     f"none ({c.problem}): runs only with --trust-script"))
+
+
+def describe_slurm(spec: EngineSpec, engine: SlurmEngine | None = None) -> EngineFacts:
+    """A Slurm partition's facts (lab.engine.slurm): its nodes' arch, CPUs, memory and GPUs per node.
+    Its tasks run with the local engine on the node, so it emulates nothing."""
+    try:
+        engine = engine or SlurmEngine(spec.name[len(SLURM_PREFIX):])
+        p = engine.facts()
+        arch = engine.arch.value
+        version = engine.version
+    except SlurmError as exc:
+        return EngineFacts(spec.name, spec.url, spec.source, reachable=False, reason=exc.message.rstrip("."),
+                           kind=SLURM)
+    if not p.up:
+        return EngineFacts(spec.name, spec.url, spec.source, reachable=False, kind=SLURM, arch=arch,
+                           reason=f"partition {p.name} is {p.state} with no usable node "
+                                  f"({', '.join(f'{n.name} {n.state}' for n in p.nodes) or 'no nodes'})")
+    return EngineFacts(spec.name, spec.url, spec.source, reachable=True, arch=arch, cpus=p.cpus, memory=p.memory,
+                       gpu=p.gpus > 0, version=version, emulates=(), kind=SLURM, nodes=len(p.nodes), gpus=p.gpus,
+                       confinement="each task: the local engine on its node (uv venv, bubblewrap)")
+
+
+def slurm_specs(source: str = "slurm") -> list[EngineSpec]:
+    """Every partition of a Slurm that answers here, as `slurm:PARTITION` (none without Slurm)."""
+    return [EngineSpec(SLURM_PREFIX + name, SLURM_PREFIX + name, source, kind=SLURM) for name in partition_names()]
 
 
 def survey(specs: Iterable[EngineSpec]) -> list[tuple[EngineFacts, Engine | None]]:

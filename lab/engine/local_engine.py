@@ -471,6 +471,11 @@ class LocalEngine:
                      "the script and rerun with --trust-script (the report then says \"not confined\").")
         return c
 
+    def run_elsewhere(self, case: Case, host: HostPip, runs_root: Path, events: Events = no_events,
+                      **options: object) -> None:
+        """None: this engine runs each step of the case here (see Engine.run_elsewhere)."""
+        return None
+
     def check(self, case: Case, events: Events = no_events) -> str | None:
         """A GPU case needs the NVIDIA device nodes; then another arch, a script it cannot confine
         (without --trust-script) and system packages the host lacks are refused. Returns where the

@@ -140,6 +140,14 @@ class Engine(Protocol):
         system packages come from, in words, for the record (None where the image brings them)."""
         ...
 
+    def run_elsewhere(self, case: Case, host: HostPip, runs_root: Path, events: Events = no_events,
+                      **options: object) -> object | None:
+        """A scheduler's engine (Slurm) runs the whole case on one of its nodes, where the node's own
+        engine does every step below, and returns its lab.pipeline.RunOutcome (read back from the run folder it
+        wrote); an engine that runs the steps here returns None. `options` are run_case's (run_dir,
+        diagnose, compile_debug, allow_network, collect_env, plan)."""
+        ...
+
     def begin(self, case: Case, events: Events = no_events) -> Pending:
         """Start, in the background, what making the image needs and the host's planning does not
         (Docker: the base image; a bootstrap under QEMU takes minutes), so it runs while uv works

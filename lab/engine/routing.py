@@ -166,7 +166,8 @@ class Fleet:
                 candidates = self.routes(arch, gpu, what, gpu_hint)
                 # engines left without a share of --jobs serve only cases no other engine fits
                 served = [r for r in candidates if self.capacity[r.engine] > 0] or candidates[:1]
-                free = [r for r in served if self.busy[r.engine] < max(self.capacity[r.engine], 1)]
+                free = [r for r in served if self.busy[r.engine] < max(self.capacity[r.engine], 1)
+                        or self.queues(r.engine)]
                 if free:
                     chosen = free[0]
                     self.busy[chosen.engine] += 1
@@ -178,6 +179,10 @@ class Fleet:
             with self._cond:
                 self.busy[chosen.engine] -= 1
                 self._cond.notify_all()
+
+    def queues(self, name: str) -> bool:
+        """Whether the engine queues cases itself (a Slurm partition): never waited for, every case at once."""
+        return any(f.name == name and f.kind == "slurm" for f in self.facts)
 
     def mark_down(self, name: str, reason: str) -> None:
         with self._cond:
@@ -198,7 +203,7 @@ def open_fleet(flags: Sequence[str] = (), configured: Sequence[str] = (), jobs: 
     configured ones. Unreachable engines are skipped with a warning; none reachable is an EngineError."""
 
     specs = engine_specs(flags, (), include_current=False) if flags else engine_specs((), configured)
-    specs = [replace(s, options=local) if s.kind == "local" else s for s in specs]
+    specs = [replace(s, options=local) if s.kind in ("local", "slurm") else s for s in specs]
     members = survey(specs)
     reachable = [(f, e) for f, e in members if f.reachable and e is not None]
     for facts, _ in members:

@@ -12,6 +12,7 @@ import pytest
 from lab.engine import protocol
 from lab.engine.docker_engine import DockerEngine
 from lab.engine.local_engine import LocalEngine, LocalOptions
+from lab.engine.slurm import SlurmEngine
 
 LAB = Path(__file__).resolve().parents[2] / "lab"
 
@@ -20,7 +21,7 @@ def _members() -> list[str]:
     return sorted(n for n in vars(protocol.Engine) if not n.startswith("_") and n not in ("kind", "name", "url"))
 
 
-@pytest.mark.parametrize("engine_class", [DockerEngine, LocalEngine], ids=["docker", "local"])
+@pytest.mark.parametrize("engine_class", [DockerEngine, LocalEngine, SlurmEngine], ids=["docker", "local", "slurm"])
 def test_each_engine_has_every_member_of_the_protocol_with_its_parameters(engine_class):
     for name in _members():
         theirs = getattr(engine_class, name, None)

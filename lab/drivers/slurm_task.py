@@ -1,0 +1,85 @@
+"""One task of a Slurm array (lab.engine.slurm): runs one case on this node with the local engine.
+
+`python -m lab.drivers.slurm_task FOLDER` reads `FOLDER/task-<SLURM_ARRAY_TASK_ID>.pkl` (the case, its
+runs folder and run options, written by the lab that submitted the array, on the shared filesystem),
+runs it with lab.pipeline.run_case as `--engine local` would (uv venv, bubblewrap), and writes
+`task-<i>.out.pkl`: the RunOutcome, or the error that stopped the case before a verdict. Its progress
+goes to the task's Slurm log. The host's pip settings are read here, from this node's environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import shutil
+import signal
+import sys
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+from lab.build.hostpip import discover
+from lab.core.errors import EngineError, LabError
+from lab.engine.engines import connect, parse_spec
+from lab.pipeline import run_case
+
+log = logging.getLogger("lab.slurm_task")
+
+
+def run_task(folder: Path, index: int) -> int:
+    with open(folder / f"task-{index}.pkl", "rb") as fh:
+        task = pickle.load(fh)
+    if task.get("cache"):
+        os.environ["LAB_CACHE_DIR"] = task["cache"]
+    options = dict(task["options"])
+    run_dir = options.get("run_dir")
+    if run_dir is not None and int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a requeued task starts its run again
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+
+    def events(stage: str, message: str) -> None:
+        log.info("[%s] %s", stage, message)
+
+    engine = connect(replace(parse_spec("local", "slurm"), options=task["local"]))  # this node's local engine
+
+    def stop(signum, frame) -> None:  # scancel, preemption, the time limit: end the sandboxed run too
+        log.error("signal %d: ending the run", signum)
+        for proc in list(getattr(engine, "_running", ())):  # the sandbox's pid 1 ignores the SIGTERM Slurm sends, and
+            child = getattr(proc, "lab_child", None)  # outlives bwrap when Slurm's TERM has ended bwrap first
+            if child:
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+        engine.remove_session_containers()
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    out = folder / f"task-{index}.out.pkl"
+    try:
+        outcome = run_case(task["case"], engine, discover(), Path(task["runs_root"]), events, **options)
+        answer: dict = {"outcome": outcome}
+    except LabError as exc:
+        log.error("no verdict: %s", exc)
+        answer = {"error": exc.message.split("\n")[0][:400], "hint": getattr(exc, "hint", None),
+                  "engine": isinstance(exc, EngineError)}
+    except Exception as exc:  # noqa: BLE001 - a bug in the lab: said as such, with its traceback in the log
+        log.error("unexpected error:\n%s", traceback.format_exc())
+        answer = {"error": f"unexpected {type(exc).__name__} in the lab on the node: {str(exc)[:300]} (a bug in "
+                           "the lab; its traceback is in the task's log)", "hint": None, "engine": False}
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "wb") as fh:
+        pickle.dump(answer, fh)
+    tmp.replace(out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    index = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))
+    return run_task(Path(argv[0]), index)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The Slurm engine for real (`--engine slurm:lab`): jobs on the one-node cluster bin/setup-slurm starts
+on this host, each array task running its case with the local engine on the node.
+
+The cases are the cheapest real ones: stand-in torch releases (pure-Python wheels whose only content is
+their version, from a find-links folder, as in tests/test_e2e_local.py), so a probe costs a uv venv of
+one small wheel, and `expect` alone decides the boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LAB, ROOT, last_json, run_lab
+from tests.test_e2e_local import _stand_in_torch, needs_bwrap
+
+pytestmark = [pytest.mark.slurm, pytest.mark.local, pytest.mark.timeout(900), needs_bwrap]
+
+ARCH = "arm64" if platform.machine() in ("aarch64", "arm64") else "amd64"
+ENGINE = "slurm:lab"
+
+
+def stand_ins(tmp_path: Path, name: str, versions: tuple[str, ...], script: str) -> tuple[Path, dict]:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for version in versions:
+        _stand_in_torch(wheels, version)
+    folder = tmp_path / "scenario"
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(script)
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\ntorch: '{versions[0]}'\narch: {ARCH}\nbase: debian:bookworm\nscript: {name}.py\n"
+                    "expect:\n  stdout_contains: 'torch 0.0.'\n")
+    return path, {"PIP_FIND_LINKS": str(wheels)}
+
+
+PRINT = "import torch\nprint('torch', torch.__version__)\n"
+
+
+def arrays(runs: Path) -> list[tuple[str, int]]:
+    """The arrays the lab submitted into this runs folder: (job id, tasks), in order."""
+    found = []
+    for folder in sorted((runs / ".slurm").iterdir()):
+        logs = sorted(folder.glob("slurm-*_*.out"))
+        jobs = {p.name.split("-", 1)[1].split("_")[0] for p in logs}
+        assert len(jobs) == 1, logs
+        found.append((jobs.pop(), len(logs)))
+    return found
+
+
+def queued(name: str) -> list[str]:
+    """`squeue` of this test's jobs (by name), pending or running."""
+    out = subprocess.run(["squeue", "-h", "-r", "-n", f"lab-{name}", "-o", "%i %T"], capture_output=True,
+                         text=True, timeout=20, check=True).stdout
+    return out.split("\n") if out.strip() else []
+
+
+def wait_for(what, seconds: float = 120):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError("waited in vain")
+
+
+def test_a_bisection_through_slurm_finds_the_boundary_of_the_local_engine_one_array_per_round(tmp_path):
+    path, env = stand_ins(tmp_path, "slurm-bisect", ("0.0.1", "0.0.2", "0.0.3", "0.1.0"), PRINT)
+    args = ["bisect", str(path), "--from", "0.0.1", "--to", "0.1.0", "--jobs", "2", "--no-blame", "--json"]
+    local = run_lab(*args, "--engine", "local", "--out", str(tmp_path / "local"), env=env)
+    assert local.returncode == 0, local.stderr[-3000:]
+    runs = tmp_path / "slurm"
+    slurm = run_lab(*args, "--engine", ENGINE, "--out", str(runs), env=env)
+    assert slurm.returncode == 0, slurm.stderr[-3000:]
+    a, b = last_json(local.stdout), last_json(slurm.stdout)
+    assert (b["status"], b["last_old"], b["first_new"]) == ("found", "0.0.3", "0.1.0") == (
+        a["status"], a["last_old"], a["first_new"])
+    assert {s["torch"]: s["verdict"] for s in b["steps"]} == {s["torch"]: s["verdict"] for s in a["steps"]}
+    assert "--engine slurm:lab" in b["resume"]
+    # each k-ary round was one job array, one task per probe
+    submitted = arrays(runs)
+    assert len(submitted) == b["rounds"] == 2 and [n for _, n in submitted] == [2, 2]
+    for job, _ in submitted:
+        assert f"Slurm job {job}_0" in slurm.stderr and f"Slurm job {job}_1: COMPLETED" in slurm.stderr
+    for step in b["steps"]:  # every probe wrote its run folder on the shared runs folder, as a local run does
+        result = json.loads((Path(step["run_dir"]) / "result.json").read_text())
+        assert result["engine"]["kind"] == "local" and result["local"]["confined"]
+    assert not queued("slurm-bisect")
+
+
+def test_a_matrix_through_slurm_is_one_array(tmp_path):
+    path, env = stand_ins(tmp_path, "slurm-matrix", ("0.0.1", "0.0.2", "0.1.0"), PRINT)
+    runs = tmp_path / "runs"
+    proc = run_lab("run", str(path), "--torch", "0.0.1,0.0.2,0.1.0", "--engine", ENGINE, "--out", str(runs),
+                   "--no-diagnose", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cells = {c["torch"]: c["verdict"] for c in last_json(proc.stdout)["cells"]}
+    assert cells == {"0.0.1": "reproduced", "0.0.2": "reproduced", "0.1.0": "not_reproduced"}
+    assert [n for _, n in arrays(runs)] == [3]
+
+
+def test_ctrl_c_of_a_bisection_cancels_its_jobs_and_leaves_none_in_squeue(tmp_path):
+    name = "slurm-cancel"
+    path, env = stand_ins(tmp_path, name, ("0.0.1", "0.0.2", "0.1.0"), PRINT + "import time\ntime.sleep(600)\n")
+    proc = subprocess.Popen([*LAB, "bisect", str(path), "--from", "0.0.1", "--to", "0.1.0", "--jobs", "2",
+                             "--engine", ENGINE, "--out", str(tmp_path / "runs"), "--no-blame"],
+                            cwd=ROOT, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any("RUNNING" in line for line in queued(name)))
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "resume with:" in stderr, stderr[-2000:]
+    assert queued(name) == []
+    assert not sandboxes_of(name)
+
+
+def test_a_task_killed_on_its_node_is_a_skip_never_a_verdict(tmp_path):
+    """scancel of the running task (as an admin or a node failure would end it): that probe is an
+    infrastructure error, so it is skipped, and the bisection says so instead of taking it as a side."""
+    name = "slurm-killed"
+    script = PRINT + "import time\nif torch.__version__ == '0.0.2':\n    time.sleep(600)\n"
+    path, env = stand_ins(tmp_path, name, ("0.0.1", "0.0.2", "0.1.0"), script)
+    proc = subprocess.Popen([*LAB, "bisect", str(path), "--from", "0.0.1", "--to", "0.1.0", "--jobs", "2",
+                             "--engine", ENGINE, "--out", str(tmp_path / "runs"), "--no-blame", "--json"],
+                            cwd=ROOT, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the ends run first (one array of two); the middle release, 0.0.2, is the one that sleeps
+        logs = (tmp_path / "runs").glob
+        running = wait_for(lambda: [log.stem.split("-", 1)[1] for log in logs(".slurm/*/slurm-*.out")
+                                    if "running python" in (text := log.read_text()) and "torch==0.0.2" in text])
+        subprocess.run(["scancel", running[0]], check=True, timeout=20)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    result = last_json(stdout)
+    middle = next(s for s in result["steps"] if s["torch"] == "0.0.2")
+    assert (middle["verdict"], middle["outcome"]) == ("error", "skip"), middle
+    assert "CANCELLED" in middle["reason"] and "not a verdict" in middle["reason"]
+    assert result["status"] != "found" or result["first_new"] != "0.0.2"
+    assert queued(name) == []
+    assert not sandboxes_of(name)
+
+
+def sandboxes_of(name: str) -> list[str]:
+    """The scenario's scripts still running on this host (none once its jobs have ended)."""
+    time.sleep(1)
+    found = subprocess.run(["pgrep", "-f", f"python {name}.py"], capture_output=True, text=True).stdout
+    return found.split()
+
+
+def test_a_case_goes_to_the_partition_whose_nodes_declare_its_arch(tmp_path):
+    """Two slurmd on this host (bin/setup-slurm): node vm-2, in partition lab-arm64, declares the feature
+    arm64. An arm64 case given both partitions goes there, and its task runs on vm-2, whose local engine
+    then finds the host's real arch (it never emulates) and says so: no verdict, and the reason named."""
+    path, env = stand_ins(tmp_path, "slurm-route", ("0.0.1",), PRINT)
+    path.write_text(path.read_text().replace(f"arch: {ARCH}", "arch: [amd64, arm64]"))
+    runs = tmp_path / "runs"
+    proc = run_lab("run", str(path), "--arch", "arm64", "--engine", "slurm:lab", "--engine", "slurm:lab-arm64",
+                   "--out", str(runs), "--no-diagnose", "--json", env=env)
+    assert "submitted to partition lab-arm64" in proc.stderr, proc.stderr[-3000:]
+    [(job, _)] = arrays(runs)
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=20)
+    node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip() + "-2"
+    assert "Partition=lab-arm64" in shown.stdout and f"NodeList={node} " in shown.stdout
+    if ARCH == "amd64":  # the node is this x86-64 host in truth
+        assert proc.returncode != 0 and "the local engine runs only this host's architecture" in proc.stderr
+
+
+def test_a_requeued_task_is_followed_to_its_verdict(tmp_path):
+    """`scontrol requeue` (what a preemption with requeue does): the task starts again from the top and
+    the lab waits for that second start, says so, and takes its verdict."""
+    name = "slurm-requeue"
+    path, env = stand_ins(tmp_path, name, ("0.0.1",), PRINT + "import time\ntime.sleep(4)\n")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([*LAB, "run", str(path), "--engine", ENGINE, "--out", str(runs), "--no-diagnose",
+                             "--json"], cwd=ROOT, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        [task] = wait_for(lambda: [log.stem.split("-", 1)[1] for log in runs.glob(".slurm/*/slurm-*.out")
+                                   if "running python" in log.read_text()])
+        subprocess.run(["scontrol", "requeue", task], check=True, timeout=20)
+        # Slurm holds a requeued job back for a while (its begin time); start it now
+        start_now = ["scontrol", "update", f"jobid={task}", "starttime=now"]
+        wait_for(lambda: "PENDING" in " ".join(queued(name))
+                 and subprocess.run(start_now, capture_output=True, timeout=20).returncode == 0, 60)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert last_json(stdout)["verdict"] == "reproduced"
+    assert f"Slurm job {task}: RUNNING" in stderr and "(requeued 1x)" in stderr, stderr[-3000:]
