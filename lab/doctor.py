@@ -11,10 +11,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.build import nativeperl, nativepython, nativeunpack
-from lab.build.base import bootstrap_tag, debian_suite
-from lab.build.hostpip import discover
-from lab.build.resolve import host_arch
 from lab.cache_policy.inventory import last_count
 from lab.cache_policy.policy import default_cap
 from lab.core.arch import Arch
@@ -23,6 +19,10 @@ from lab.core.errors import EngineError
 from lab.engine import gpu
 from lab.engine.docker_engine import Engine
 from lab.engine.local_engine import probe_bwrap
+from lab.image import nativeperl, nativepython, nativeunpack
+from lab.image.base import bootstrap_tag, debian_suite
+from lab.image.hostpip import discover
+from lab.image.resolve import host_arch
 from lab.scenario.bases import DEFAULT_BASE
 
 MIN_FREE_GIB = 20

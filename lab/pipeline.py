@@ -15,12 +15,6 @@ from lab.analyze.dynamo import Diagnostics, load_diagnostics
 from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.analyze.torchbuild import parse_version_file
-from lab.build import era, layout
-from lab.build.casekey import content_key
-from lab.build.crossinstall import install_with_uv
-from lab.build.hostpip import HostPip
-from lab.build.render import BuildPlan, plan_build, write_context_folder
-from lab.build.resolve import Case, base_python
 from lab.cache_policy import inventory as cache_policy
 from lab.core.arch import with_emulated_env
 from lab.core.background import beside, timed
@@ -31,6 +25,12 @@ from lab.core.results import RunResult, StageTimes, TorchBuild
 from lab.core.runmarker import mark_run
 from lab.engine.protocol import Engine, ImageRef, Pending, nothing_pending
 from lab.history.index import record_run
+from lab.image import era, layout
+from lab.image.casekey import content_key
+from lab.image.crossinstall import install_with_uv
+from lab.image.hostpip import HostPip
+from lab.image.render import BuildPlan, plan_build, write_context_folder
+from lab.image.resolve import Case, base_python
 from lab.report import run_folder as report
 
 LD_DEBUG = "libs,files"

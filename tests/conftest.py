@@ -69,7 +69,7 @@ def frees_its_cuda_build():
             path.unlink(missing_ok=True)
     uv_cache = cache / "uv"
     if uv_cache.is_dir():
-        from lab.build.crossinstall import uv_binary
+        from lab.image.crossinstall import uv_binary
         uv = uv_binary()
         cuda = sorted({p.name for p in uv_cache.glob("wheels-*/pypi/*")
                        if p.name.startswith(("nvidia-", "triton")) or p.name == "torch"})

@@ -68,7 +68,7 @@ def _split(value: str | None) -> list[str]:
 def local_sources(env: Mapping[str, str]) -> list[tuple[str, bool]]:
     """(find-links folder or file:// index, whether the lab already sees it) from the host's pip
     settings (as the lab reads them) and uv's UV_FIND_LINKS."""
-    from lab.build.hostpip import discover
+    from lab.image.hostpip import discover
     seen = list(discover(env).local_sources)
     extra = [s for s in _split(env.get("UV_FIND_LINKS")) if s not in seen and "://" not in s.replace("file://", "")]
     return [(s, True) for s in seen] + [(s, False) for s in extra]
@@ -91,7 +91,7 @@ def cpu_wheel_versions(names: Iterable[str], platform: str = "x86_64") -> list[V
 
 def folder_wheels(source: str) -> list[str]:
     """The wheel file names a local source offers for torch (a folder, or a file:// simple index)."""
-    from lab.build.hostpip import _candidates
+    from lab.image.hostpip import _candidates
     return [p.name for p in _candidates(source, "torch")]
 
 

@@ -22,9 +22,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lab.build.render import dockerfile_fields, render_dockerfile, render_template, template_environment, template_for
-from lab.build.resolve import resolve
 from lab.core.errors import ScenarioError
+from lab.image.render import dockerfile_fields, render_dockerfile, render_template, template_environment, template_for
+from lab.image.resolve import resolve
 from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, ROOT, SCENARIOS, run_lab, tiny_scenario
 from tests.test_cli import assert_one_paragraph_error
@@ -230,9 +230,9 @@ def test_a_release_that_does_not_exist_is_refused_before_anything_is_built(comma
 
 
 def test_a_public_version_finds_its_local_build_and_render_needs_no_index(local_index, tmp_path):
-    from lab.build.hostpip import HostPip
-    from lab.build.image import check_release
-    from lab.build.releases import ReleaseError
+    from lab.image.builder import check_release
+    from lab.image.hostpip import HostPip
+    from lab.image.releases import ReleaseError
     host = HostPip(index_url=local_index["PIP_INDEX_URL"])
     check_release(resolve(load_scenario("libgomp-amd64", SCENARIOS), torch="2.13.0"), host)  # pip's == matches +cpu
     check_release(resolve(load_scenario("libgomp-amd64", SCENARIOS), torch="2.5.1"), host)

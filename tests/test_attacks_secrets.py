@@ -293,7 +293,7 @@ def found_in_bundle(bundle: Path, needles: list[str]) -> dict[str, set[str]]:
 
 @pytest.fixture
 def planted(tmp_path):
-    from lab.build.hostpip import discover
+    from lab.image.hostpip import discover
     host = discover()  # the host's own sources stay (torch comes from them); the planted ones are added
     indexes = {how: Index(how, project) for how, project in
                (("userinfo", PROJECT), ("path", PATH_PROJECT), ("query", QUERY_PROJECT))}

@@ -98,14 +98,14 @@ def test_doctor_json_reports_each_check():
 
 def test_only_the_cli_prints():
     """Everything else reports through return values, exceptions and the `events` callback.
-    lab/probe/ is the runner baked into images, and lab/build/cacerts.py, nativeunpack.py,
+    lab/probe/ is the runner baked into images, and lab/image/cacerts.py, nativeunpack.py,
     nativepython.py and nativeperl.py mmdebstrap's hooks: each a program of its own, whose output
     goes to its own log."""
     offenders = []
     for path in sorted((ROOT / "lab").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        hooks = ("lab/build/cacerts.py", "lab/build/nativeunpack.py", "lab/build/nativepython.py",
-                 "lab/build/nativeperl.py")
+        hooks = ("lab/image/cacerts.py", "lab/image/nativeunpack.py", "lab/image/nativepython.py",
+                 "lab/image/nativeperl.py")
         if rel in hooks or rel.startswith(("lab/cli/", "lab/probe/")):
             continue
         for node in ast.walk(ast.parse(path.read_text())):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lab import doctor
-from lab.build import nativeperl, nativepython, nativeunpack
 from lab.doctor import AARCH64_PROBE, BINFMT, QEMU_FIX, REREGISTER, parse_qemu_version, qemu_check, qemu_verdict
+from lab.image import nativeperl, nativepython, nativeunpack
 
 from .conftest import DATA, ROOT, run_lab
 

@@ -72,12 +72,12 @@ def in_the_arm64_image(runs: Path, script: str) -> str:
 
 @pytest.mark.arm64
 def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
-    """The bootstrap updated ca-certificates on the host (lab.build.cacerts), not under QEMU:
+    """The bootstrap updated ca-certificates on the host (lab.image.cacerts), not under QEMU:
     in the image, Debian's update-ca-certificates, run again from scratch, finds nothing to change,
-    and no diversion of it is left. The packages' data was decompressed natively (lab.build.
+    and no diversion of it is left. The packages' data was decompressed natively (lab.image.
     nativeunpack), and the config scripts' `grep -F` ran natively too: dpkg-deb and grep are the packages'
     own again (`dpkg --verify`), and no busybox is left. So are rm (dpkg's `rm -rf --`) and perl (the
-    scripts' Perl ran on the host's perl, lab.build.nativeperl): perl is perl-base's, with its hard
+    scripts' Perl ran on the host's perl, lab.image.nativeperl): perl is perl-base's, with its hard
     link, and neither the host's perl nor its modules are left."""
     listing = ("find /etc/ssl/certs -printf '%y %p %l\\n' | sort; sha256sum /etc/ssl/certs/ca-certificates.crt")
     script = (f"{listing}; echo ---; dpkg-divert --list; dpkg --verify dpkg grep coreutils perl-base; "
@@ -116,7 +116,7 @@ print(same, other)
 
 @pytest.mark.arm64
 def test_the_arm64_base_has_the_byte_code_its_own_python_writes(runs):
-    """The bootstrap's byte-compilation ran on the host's Python (lab.build.nativepython): in the
+    """The bootstrap's byte-compilation ran on the host's Python (lab.image.nativepython): in the
     image, the arm64 Python compiles every module of its standard library again to the same bytes,
     py_compile.py included (its stand-in stood at that path meanwhile); py_compile.py is the
     package's own (`dpkg --verify`), and no diversion, stand-in or host Python is left."""

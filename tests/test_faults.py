@@ -173,7 +173,7 @@ def test_two_runs_of_one_case_at_once_both_complete(tmp_path):
         assert json.loads((run_dir / "result.json").read_text())["run_dir"] == r["run_dir"]
     assert results[0]["image"]["tag"] == results[1]["image"]["tag"]
     # Nothing half-written is left in the cache, and a third run reuses everything.
-    from lab.build.crossinstall import unfinished
+    from lab.image.crossinstall import unfinished
     assert not unfinished(cache / "site")
     entries = [p for p in (cache / "site").iterdir() if p.is_dir()]
     assert len(entries) == 1, entries  # one cross-installed site, made once

@@ -11,7 +11,7 @@ import pytest
 
 LAB = Path(__file__).resolve().parents[1] / "lab"
 # Earlier first. pipeline, doctor, schemas and cli are modules at the top of the package.
-ORDER = ("core", "scenario", "build", "engine", "analyze", "report", "history", "cache_policy", "compare",
+ORDER = ("core", "scenario", "image", "engine", "analyze", "report", "history", "cache_policy", "compare",
          "pipeline",
          "drivers", "bundle", "issue", "agent", "doctor", "schemas", "cli", "__main__")
 SAME_STAGE: dict[str, str] = {}
@@ -71,7 +71,7 @@ def test_only_the_engine_imports_docker():
 
 def test_every_stage_is_a_folder():
     folders = {p.name for p in LAB.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert {"core", "scenario", "engine", "build", "analyze", "report", "drivers", "bundle"} <= folders
+    assert {"core", "scenario", "engine", "image", "analyze", "report", "drivers", "bundle"} <= folders
 
 
 # --- circles and imports hidden in functions ---------------------------------------------------

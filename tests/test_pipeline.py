@@ -9,8 +9,8 @@ import pytest
 
 from lab.analyze.evidence import Evidence
 from lab.analyze.tracebacks import extract_exceptions
-from lab.build.resolve import resolve
 from lab.core.arch import Arch
+from lab.image.resolve import resolve
 from lab.pipeline import compile_exception, diagnose_decision
 from lab.scenario.lookup import load_scenario
 

@@ -18,11 +18,11 @@ from lab import __version__
 from lab.agent import models as m
 from lab.agent.jobs import JobFailed, run_lab_job
 from lab.agent.policy import AgentInputError, Policy
-from lab.build.resolve import parse_arch
 from lab.compare.comment import render_comment
 from lab.compare.diff import compare_runs, resolve_pair
 from lab.core.errors import LabError
 from lab.core.results import RunResult, read_result
+from lab.image.resolve import parse_arch
 from lab.issue.fetch import fetch_issue
 from lab.issue.infer import infer
 from lab.issue.write import write_inference

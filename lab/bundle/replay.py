@@ -20,10 +20,10 @@ every file taken from the bundle is checked again against the manifest.
 
 A stranger's bundle runs nothing of its own at build time and learns no secret: its requirements
 are installed as wheels only, resolved on this host by uv (`--no-build`) from the indexes the user
-configured (lab.build.wheelsonly). A direct URL, VCS or path reference is refused by
+configured (lab.image.wheelsonly). A direct URL, VCS or path reference is refused by
 `prepare_replay`, and what did not resolve to a wheel by `execute_replay`, before anything is made,
-unless `allow_source_builds` (`--allow-source-builds`). The build is sealed (lab.build.render
-`Sealed`, lab.build.image): never the host's index credentials, and no network, except this lab's
+unless `allow_source_builds` (`--allow-source-builds`). The build is sealed (lab.image.render
+`Sealed`, lab.image.builder): never the host's index credentials, and no network, except this lab's
 system-packages step when the base lacks the packages, and pip with `--allow-source-builds`, which
 get the engine's default network (never the host's). From the replaying host come the CA bundle,
 the pip settings without credentials (or none: `no-index` with the host's wheels), and the
@@ -57,11 +57,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
-from lab.build.era import SKIPPED, pins_to_versions
-from lab.build.hostpip import HostPip
-from lab.build.render import BASE_PACKAGES, ContextFile, Sealed, context_digest, plan_build, render_dockerfile
-from lab.build.resolve import BACKENDS, MODES, Case, resolve
-from lab.build.wheelsonly import DirectReference, direct_references, refuse_references
 from lab.bundle.archive import Unpacked, unpack_bundle
 from lab.bundle.compare import Comparison, compare
 from lab.bundle.manifest import Manifest
@@ -71,6 +66,11 @@ from lab.core.records import Events, RunLimits, format_bytes, no_events
 from lab.core.results import RESULT_NAME, RunResult, parse_result
 from lab.core.scrub import MASK
 from lab.engine.protocol import Engine
+from lab.image.era import SKIPPED, pins_to_versions
+from lab.image.hostpip import HostPip
+from lab.image.render import BASE_PACKAGES, ContextFile, Sealed, context_digest, plan_build, render_dockerfile
+from lab.image.resolve import BACKENDS, MODES, Case, resolve
+from lab.image.wheelsonly import DirectReference, direct_references, refuse_references
 from lab.pipeline import RunCase, run_limits
 from lab.pipeline import run_case as production_run_case
 from lab.report import run_folder as report
@@ -229,7 +229,7 @@ _PIN_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,100}[A-Za-z0-9])?==[A-Za-z
 
 
 def _check_pin(value: str) -> str:
-    """A pin the run recorded (lab.build.era): `name==version` and nothing else; it goes into the
+    """A pin the run recorded (lab.image.era): `name==version` and nothing else; it goes into the
     requirements, so a line break or an option is refused."""
     if not _PIN_RE.fullmatch(value):
         raise ValueError(f"must be a pin such as numpy==1.26.4, got {value[:60]!r}")
@@ -250,7 +250,7 @@ class _Resolved(BaseModel):
     vars: dict[str, str] = {}
     source_file: str | None = None
     base: dict[str, Any] | None = None   # the original host's base image: informative only
-    pins: list[Annotated[str, AfterValidator(_check_pin)]] = []  # what the run pinned (lab.build.era)
+    pins: list[Annotated[str, AfterValidator(_check_pin)]] = []  # what the run pinned (lab.image.era)
 
 
 # --------------------------------------------------------------------------- prepare
@@ -263,7 +263,7 @@ def prepare_replay(bundle: Path, runs_root: Path, host_arch: Arch, *, allow_netw
     The caller shows the plan, asks, then calls `execute_replay` or `discard_replay`. A
     BundleError or ScenarioError (bad input) leaves nothing behind. A requirement that names a
     direct URL, a VCS repository or a path is refused here (SourceBuildError) unless
-    `allow_source_builds`: a replay installs wheels resolved on this host only (lab.build.wheelsonly).
+    `allow_source_builds`: a replay installs wheels resolved on this host only (lab.image.wheelsonly).
     """
 
     made_root = _first_missing(runs_root)
@@ -505,7 +505,7 @@ def execute_replay(plan: ReplayPlan, engine: Engine, host: HostPip, events: Even
     run_case = run_case or production_run_case
 
     # wheels only, resolved on this host, before anything is made: an unresolved requirement is
-    # refused here (lab.build.wheelsonly), and the build is sealed (lab.build.image)
+    # refused here (lab.image.wheelsonly), and the build is sealed (lab.image.builder)
     sealed = Sealed(rendered=plan.built is Built.RENDERED, source_builds=plan.allow_source_builds,
                     scenario_file=plan.display)
     planned = plan_build(plan.case, host, events, sealed=sealed)

@@ -34,11 +34,11 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from lab.build.crossinstall import CrossInstallError, uv_binary
 from lab.cache_policy.policy import PARTS, Entry, choose, default_cap
 from lab.core.config import current
 from lab.core.errors import LabError
 from lab.core.records import Events, ImageUsage, no_events
+from lab.image.crossinstall import CrossInstallError, uv_binary
 
 LEASES, STAMPS, LAST_COUNT = "leases", "stamps", "last-count.json"
 _OWN = (LEASES, STAMPS, LAST_COUNT, "locks")    # the lab's bookkeeping: counted, never evicted
@@ -49,7 +49,7 @@ _OWN = (LEASES, STAMPS, LAST_COUNT, "locks")    # the lab's bookkeeping: counted
 RECOUNT_S = 600.0
 RECOUNT_SHARE = 0.75
 _SLACK_S = 5.0                         # clock granularity between a lease's start and a use
-BASE_REPO = "torch-repro-lab/debian"   # lab.build.base.BOOTSTRAP_REPO (a later layer)
+BASE_REPO = "torch-repro-lab/debian"   # lab.image.base.BOOTSTRAP_REPO (a later layer)
 
 
 @dataclass(frozen=True)

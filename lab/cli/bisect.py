@@ -8,14 +8,14 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from lab.build.hostpip import discover
-from lab.build.resolve import resolve
 from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import ArchOpt, DepsOpt, EngineOpt, JobsOpt, JsonOpt, OutOpt, ScenarioArg, SetOpt, TrustOpt
 from lab.cli.output import COLOURS, Progress, err, print_json
 from lab.compare.diff import boundary_lines, counting
 from lab.drivers.bisect_run import BisectRequest, choose_arch, run_bisect
+from lab.image.hostpip import discover
+from lab.image.resolve import resolve
 from lab.scenario.model import check_version
 
 

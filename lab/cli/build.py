@@ -6,12 +6,6 @@ from typing import Annotated
 
 import typer
 
-from lab.build import era
-from lab.build.base import ensure_base
-from lab.build.hostpip import discover
-from lab.build.image import build_image, check_release
-from lab.build.render import BASE_PACKAGES, plan_build
-from lab.build.resolve import parse_arch
 from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import ArchOpt, EngineOpt, ScenarioArg, TorchOpt
@@ -19,6 +13,12 @@ from lab.cli.output import Progress, err, out
 from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
 from lab.engine.docker_engine import Engine
+from lab.image import era
+from lab.image.base import ensure_base
+from lab.image.builder import build_image, check_release
+from lab.image.hostpip import discover
+from lab.image.render import BASE_PACKAGES, plan_build
+from lab.image.resolve import parse_arch
 from lab.scenario.model import is_debian_package
 
 

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from lab.build.hostpip import discover
 from lab.cli import inputs, routing
 from lab.cli.guard import guard
 from lab.cli.options import ArchOpt, EngineOpt, JsonOpt, OutOpt, ScenarioArg, TorchOpt
@@ -18,6 +17,7 @@ from lab.compare.comment import render_comment
 from lab.compare.diff import compare_runs, resolve_pair
 from lab.core.results import BisectResult, read_document
 from lab.drivers.localize import localize
+from lab.image.hostpip import discover
 from lab.report.run_folder import new_run_dir
 
 

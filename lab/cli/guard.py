@@ -10,7 +10,6 @@ from typing import NoReturn
 
 import typer
 
-from lab.build.releases import ReleaseError
 from lab.cache_policy.policy import CacheInputError
 from lab.cli import output
 from lab.cli.output import err, fail
@@ -19,6 +18,7 @@ from lab.core.errors import ConfigError, LabError, ResultError, ScenarioError
 from lab.core.safetar import BundleError
 from lab.drivers.bisect import BisectError
 from lab.history.index import HistoryError
+from lab.image.releases import ReleaseError
 from lab.issue.fetch import IssueError, IssueFetchError
 
 # Errors about what the user gave (a bundle, a release range), not about the infrastructure.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.build.resolve import check_deps, resolve
 from lab.core.config import Settings, current
 from lab.core.errors import ScenarioError
+from lab.image.resolve import check_deps, resolve
 from lab.scenario.lookup import load_scenario
 from lab.scenario.model import Scenario
 

@@ -12,16 +12,16 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from lab.build.hostpip import discover
-from lab.build.image import check_release
-from lab.build.releases import candidates
-from lab.build.resolve import resolve
 from lab.cli import inputs, routing
 from lab.cli import output as output_state
 from lab.cli.guard import guard
 from lab.cli.options import DepsOpt, EngineOpt, JobsOpt, JsonOpt, OutOpt
 from lab.cli.output import COLOURS, Progress, err, out, print_json
 from lab.drivers.bisect_run import BisectRequest, run_bisect
+from lab.image.builder import check_release
+from lab.image.hostpip import discover
+from lab.image.releases import candidates
+from lab.image.resolve import resolve
 from lab.issue.fetch import fetch_issue
 from lab.issue.infer import infer
 from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run_triage, summary_lines

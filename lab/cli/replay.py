@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from lab.build.hostpip import discover
 from lab.bundle.replay import Built, discard_replay, execute_replay, limit_lines, prepare_replay
 from lab.cli import inputs
 from lab.cli.guard import guard
@@ -19,6 +18,7 @@ from lab.cli.output import COLOURS, Progress, err, print_json
 from lab.core import exitcodes as codes
 from lab.core.records import format_bytes
 from lab.engine.docker_engine import Engine
+from lab.image.hostpip import discover
 
 DECLINED = codes.DECLINED  # `lab replay` answered no, or no TTY and no --yes: nothing was built or run
 

@@ -9,12 +9,12 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from lab.build.render import render_dockerfile
 from lab.cli import inputs
 from lab.cli.guard import guard
 from lab.cli.options import ArchOpt, JsonOpt, ScenarioArg, TorchOpt
 from lab.cli.output import err, out, print_json
 from lab.core.errors import ScenarioError
+from lab.image.render import render_dockerfile
 from lab.scenario.lookup import list_scenarios
 
 

@@ -22,7 +22,6 @@ import yaml
 
 from lab.analyze.loader import parse_dir
 from lab.analyze.tracebacks import extract_exceptions
-from lab.build.layout import REPRO_DIR
 from lab.core.errors import ResultError
 from lab.core.results import (
     NOT_REPRODUCED,
@@ -35,6 +34,7 @@ from lab.core.results import (
     read_document,
     read_result,
 )
+from lab.image.layout import REPRO_DIR
 
 _MAX_TEXT = 8 << 20          # bytes read of any one text file
 _SCRIPT_DIR = REPRO_DIR + "/"  # the scenario's script in the image: frames there are user code

@@ -1,5 +1,5 @@
 """The lab's one HTTP client, on `requests`: GitHub's REST API (lab.issue.fetch) and package indexes
-(lab.build.releases, and through it the era lookups of lab.build.era).
+(lab.image.releases, and through it the era lookups of lab.image.era).
 
 One `get` for both: a timeout on every request, the certificate check its caller chooses (a CA
 bundle's path, the system's trust store, or none for pip's `--trusted-host`), credentials in a URL's
@@ -127,7 +127,7 @@ def _proxies(url: str, given: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def proxy_map(pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    """{"http": ..., "https": ...} from (VARIABLE, value) pairs such as lab.build.hostpip's proxies."""
+    """{"http": ..., "https": ...} from (VARIABLE, value) pairs such as lab.image.hostpip's proxies."""
     out: dict[str, str] = {}
     for key, value in pairs:
         scheme = key.lower().removesuffix("_proxy")

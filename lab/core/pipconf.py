@@ -1,6 +1,6 @@
 """The host's pip settings as pip reads them: its config files, then PIP_* variables (which win).
 
-Two readers need them: lab.build.hostpip, which carries the indexes into builds, and lab.core.scrub,
+Two readers need them: lab.image.hostpip, which carries the indexes into builds, and lab.core.scrub,
 which treats every configured index, extra index and find-links URL as a secret and redacts it
 wherever it could land (an image, a run folder, a bundle, the lab's own output).
 """

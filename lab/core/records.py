@@ -31,7 +31,7 @@ class BaseImage:
 
 @dataclass(frozen=True, slots=True)
 class LocalImage:
-    """What the local engine runs a case in (lab.build.localenv makes it): the role an image plays."""
+    """What the local engine runs a case in (lab.image.localenv makes it): the role an image plays."""
 
     python: str                         # the interpreter the script runs with
     binds: tuple[str, ...]              # host folders the sandbox binds read-only at their own paths

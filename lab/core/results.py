@@ -296,7 +296,7 @@ class LocalRef(Record):
 
 
 class DepsRef(Record):
-    """How everything but torch resolved (lab.build.era): the setting, uv's --exclude-newer cut, and
+    """How everything but torch resolved (lab.image.era): the setting, uv's --exclude-newer cut, and
     the version of every package the run had (its pip freeze, torch and the venv's tools left out)."""
 
     setting: str = "latest"
@@ -339,7 +339,7 @@ class RunResult(Document):
     started: IsoTime
     different_failure: FailureSignatures | None = None   # failed_differently: expected vs observed
     torch_build: TorchBuild | None = None                 # torch/version.py of the image
-    content_key: str | None = None      # lab.build.casekey: what the run was made from (reuse only the same)
+    content_key: str | None = None      # lab.image.casekey: what the run was made from (reuse only the same)
     content_parts: dict[str, str] | None = None   # each part's own hash, to say which one changed
     signature: FailureSignature | None = None             # how the script failed, when it failed
     deps: DepsRef | None = None         # how the dependencies resolved, and what the run had
@@ -591,7 +591,7 @@ class BisectResult(Document):
     compare: tuple[str, ...] = ()                 # the compare summary of the boundary pair (lab compare)
     localization: str | None = None               # the bad boundary release localized (lab.drivers.localize)
     localize_dir: str | None = None               # its localize.json and localize.md
-    deps: str = "latest"                          # how everything but torch resolved (lab.build.era)
+    deps: str = "latest"                          # how everything but torch resolved (lab.image.era)
     blame: tuple[Blamed, ...] = ()                # what flips the verdict at the boundary (lab.drivers.blame)
     blame_summary: str | None = None              # the blame step's answer in one sentence, or why not run
     blame_fix: str | None = None                  # a line a maintainer can act on ("pin numpy<2 on torch <= 2.2.x")

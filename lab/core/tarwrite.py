@@ -2,7 +2,7 @@
 streamed file by file, raw members for a tar whose sizes are known ahead (the image load's),
 a tar streamed to a request while it is written (`TarStream`), and a folder streamed as chunks
 (`folder_chunks`, as an engine's archive API gives /out). What goes into each tar is decided by
-its user (lab.build.render: the build context; lab.engine.docker_images: docker-save archives);
+its user (lab.image.render: the build context; lab.engine.docker_images: docker-save archives);
 reading tars is lab.core.safetar's job."""
 
 from __future__ import annotations

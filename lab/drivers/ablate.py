@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lab.build.resolve import Case, check_ablatable
 from lab.core.records import Events, no_events
 from lab.core.results import AblationResult, AblationStep, Verdict
+from lab.image.resolve import Case, check_ablatable
 from lab.pipeline import RunCase
 from lab.pipeline import run_case as production
 from lab.report.run_folder import new_run_dir

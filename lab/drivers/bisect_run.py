@@ -4,7 +4,7 @@
 ordinary run folder, `<runs>/<scenario>/bisect-<arch>-<from>-<to>/torch<version>/`, so
 an interrupted bisection resumes from the folders that already hold a verdict: the
 same command, run again, asks for the same releases and reuses those answers, each only when its
-result.json records the content key the probe has now (lab.build.casekey: the scenario, script,
+result.json records the content key the probe has now (lab.image.casekey: the scenario, script,
 expect, vars and `--set`, base, dependencies and the lab's templates and rules). A probe made from
 something else runs again, and the progress says why.
 """
@@ -20,11 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from lab.build import era, releases
-from lab.build.casekey import content_key
-from lab.build.crossinstall import target_for
-from lab.build.hostpip import HostPip
-from lab.build.resolve import base_python, parse_arch, resolve
 from lab.cache_policy import inventory as cache_policy
 from lab.compare.diff import compare_runs
 from lab.core.errors import EngineError, LabError, ScenarioError
@@ -52,6 +47,11 @@ from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_a
 from lab.engine.gpu import cpu_variant_hint
 from lab.engine.protocol import Engine
 from lab.engine.routing import Fleet, NoEngineError
+from lab.image import era, releases
+from lab.image.casekey import content_key
+from lab.image.crossinstall import target_for
+from lab.image.hostpip import HostPip
+from lab.image.resolve import base_python, parse_arch, resolve
 from lab.pipeline import RunCase
 from lab.pipeline import run_case as production
 from lab.scenario.model import Scenario
@@ -192,7 +192,7 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         on_start(found, folder, resume)
 
     def stale(version: str, previous: RunResult) -> str | None:
-        """None when a finished probe was made from what this probe would run (lab.build.casekey)."""
+        """None when a finished probe was made from what this probe would run (lab.image.casekey)."""
         wanted = content_key(resolve(scenario, torch=version, arch=arch, sets=sets))
         return wanted.differs(previous.content_key, previous.content_parts)
 

@@ -5,7 +5,7 @@ releases (or, under `deps: latest`, whatever the index serves today). After it f
 (last_old, first_new), this step asks whether torch alone flips the verdict:
 
 1. each side rebuilt with the other side's dependency set (when the sets differ), then
-2. each side rebuilt with its own era's set (lab.build.era), where that differs from what it ran.
+2. each side rebuilt with its own era's set (lab.image.era), where that differs from what it ran.
 
 The first rebuild whose verdict flips is narrowed down by delta debugging (lab.drivers.ddmin) over
 the packages that differ, one run per step, to the smallest set that flips it; those packages are

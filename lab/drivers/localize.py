@@ -27,11 +27,11 @@ from pathlib import Path
 
 from lab.analyze.evidence import read_text
 from lab.analyze.tracebacks import extract_exceptions
-from lab.build import era
-from lab.build.resolve import Case
 from lab.core.records import Events, no_events
 from lab.core.results import BisectorResult, LocalizeResult
 from lab.drivers.ablate import run_ablation
+from lab.image import era
+from lab.image.resolve import Case
 from lab.pipeline import RunCase, _command, plan_for, read_torch_file, run_limits
 from lab.report.writer import render
 

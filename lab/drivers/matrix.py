@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lab.build.resolve import Case, resolve
 from lab.core.errors import ScenarioError
 from lab.core.results import (
     FailureSignature,
@@ -25,6 +24,7 @@ from lab.core.results import (
     Verdict,
 )
 from lab.drivers.parallel import run_all
+from lab.image.resolve import Case, resolve
 from lab.report.html import write_matrix_html
 from lab.scenario.model import Scenario
 

@@ -9,12 +9,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lab.build.hostpip import HostPip, discover
-from lab.build.image import check_release
-from lab.build.resolve import Case, parse_arch
 from lab.core.errors import ScenarioError
 from lab.core.records import Events
 from lab.drivers.matrix import expand, select, split_list
+from lab.image.builder import check_release
+from lab.image.hostpip import HostPip, discover
+from lab.image.resolve import Case, parse_arch
 from lab.pipeline import RunOutcome, run_case, run_limits
 from lab.scenario.model import Scenario
 

@@ -20,9 +20,9 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
-from lab.build.hostpip import discover
 from lab.core.errors import EngineError, LabError
 from lab.engine.engines import connect, parse_spec
+from lab.image.hostpip import discover
 from lab.pipeline import run_case
 
 log = logging.getLogger("lab.slurm_task")

@@ -17,7 +17,6 @@ import docker.errors
 import requests.exceptions
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
-from lab.build.layout import OUT, RUN_HOME, RUN_USER
 from lab.core.arch import Arch
 from lab.core.errors import EngineError
 from lab.core.records import (
@@ -34,8 +33,9 @@ from lab.core.records import (
 from lab.core.safetar import extract_outputs
 from lab.engine.docker_client import LABELS, SESSION, SESSION_LABEL, explanation, short
 from lab.engine.streams import StreamFile as _Capture
+from lab.image.layout import OUT, RUN_HOME, RUN_USER
 
-# The user the script runs as (lab.build.layout): the image's `lab` user, made by the Dockerfile
+# The user the script runs as (lab.image.layout): the image's `lab` user, made by the Dockerfile
 # template (which also makes /out and its sub-folders, owned by it: Docker copies them into the new
 # volume). Numeric, so that an image without that user (a bare base in `lab doctor`) runs too.
 # Ctrl-C closes the gate: a worker thread that goes on (to collect_env, say) after its run's

@@ -4,7 +4,7 @@ Its parts live beside it, one concern each: connecting and the Docker CLI's cont
 (`docker_client`), images and the docker-save archives the lab writes (`docker_images`), containers
 and the threads that read their streams (`docker_containers`), and housekeeping (`docker_housekeeping`).
 This module composes them and adds what the protocol asks of a whole engine: the facts, the
-refusals before a build, and making a case's image (lab.build.image).
+refusals before a build, and making a case's image (lab.image.builder).
 
 Every container and image the lab creates carries the label `org.torch-repro-lab.managed=true`,
 and every container is removed when its run ends (with its anonymous /out volume): on success, on
@@ -19,11 +19,6 @@ from pathlib import Path
 
 import docker
 
-from lab.build.base import ensure_base
-from lab.build.hostpip import HostPip
-from lab.build.image import build_image
-from lab.build.render import BuildPlan, system_packages
-from lab.build.resolve import Case
 from lab.core.arch import Arch
 from lab.core.background import beside, timed
 from lab.core.errors import EngineError
@@ -35,6 +30,11 @@ from lab.engine.docker_containers import DockerContainers
 from lab.engine.docker_housekeeping import DockerHousekeeping
 from lab.engine.docker_images import DockerImages
 from lab.engine.protocol import Pending, nothing_pending
+from lab.image.base import ensure_base
+from lab.image.builder import build_image
+from lab.image.hostpip import HostPip
+from lab.image.render import BuildPlan, system_packages
+from lab.image.resolve import Case
 
 
 class DockerEngine(DockerImages, DockerContainers, DockerHousekeeping):

@@ -9,11 +9,11 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from lab.build.layout import LAYERS_REPO
 from lab.core.errors import EngineError
 from lab.core.records import ImageUsage
 from lab.engine.docker_client import LABEL, short
 from lab.engine.docker_containers import _remove
+from lab.image.layout import LAYERS_REPO
 
 
 class DockerHousekeeping:

@@ -31,7 +31,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 class DockerImages:
     """The image half of lab.engine.docker_engine.DockerEngine (it implements
-    lab.build.imagestore.ImageStore)."""
+    lab.image.imagestore.ImageStore)."""
 
     client: docker.DockerClient
     stream_client: docker.DockerClient

@@ -20,14 +20,14 @@ import threading
 from dataclasses import dataclass, replace
 from typing import BinaryIO
 
-from lab.build.resolve import Case
 from lab.core.arch import Arch
 from lab.core.errors import EngineError, NoGpuRuntimeError
 from lab.core.tarwrite import add_bytes, add_dir, stream_tar
+from lab.image.resolve import Case
 from lab.scenario.bases import DEFAULT_BASE
 
 TEST_REPO = "torch-repro-lab/gpu-check"  # the lab's test image: `<repo>:<arch>`, one static `true`
-BASE_REPO = "torch-repro-lab/debian"     # bootstrapped Debian bases (lab.build.base.BOOTSTRAP_REPO)
+BASE_REPO = "torch-repro-lab/debian"     # bootstrapped Debian bases (lab.image.base.BOOTSTRAP_REPO)
 REQUEST_WORDS = "a device request for all GPUs (as `docker run --gpus all`)"
 FIX = ("On the engine's host, install the NVIDIA Container Toolkit (nvidia-container-toolkit), run "
        "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd; or, on a GPU host without "

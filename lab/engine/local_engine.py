@@ -3,7 +3,7 @@
 GPU servers where users are not in the `docker` group, HPC nodes and laptops have no Docker engine
 the lab may use. There the lab does what people do by hand (a venv with the pinned torch, run the
 script, read the log), with the same runner, LD_DEBUG, timeout, outputs and verdicts as in a
-container. The venv is made by the build stage (`lab.build.localenv`); this module runs in it.
+container. The venv is made by the build stage (`lab.image.localenv`); this module runs in it.
 
 Where bubblewrap (`bwrap`) works, the script runs confined, laid out as in the lab's images:
 
@@ -60,22 +60,6 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.build.hostpip import HostPip
-from lab.build.layout import (
-    FREEZE_FILE,
-    LAB_DIR,
-    OUT,
-    OUT_FOLDERS,
-    REPRO_DIR,
-    RUN_HOME,
-    RUN_UID,
-    RUN_USER_NAME,
-    TOOLS_DIR,
-    VENV,
-)
-from lab.build.localenv import check_system_packages, default_python, prepare_local, probe_python
-from lab.build.render import BuildPlan
-from lab.build.resolve import Case
 from lab.core.arch import Arch
 from lab.core.errors import EngineError, LabError, NoGpuRuntimeError
 from lab.core.records import (
@@ -94,6 +78,22 @@ from lab.core.safetar import extract_outputs
 from lab.core.tarwrite import folder_chunks
 from lab.engine.protocol import Pending, nothing_pending
 from lab.engine.streams import StreamFile
+from lab.image.hostpip import HostPip
+from lab.image.layout import (
+    FREEZE_FILE,
+    LAB_DIR,
+    OUT,
+    OUT_FOLDERS,
+    REPRO_DIR,
+    RUN_HOME,
+    RUN_UID,
+    RUN_USER_NAME,
+    TOOLS_DIR,
+    VENV,
+)
+from lab.image.localenv import check_system_packages, default_python, prepare_local, probe_python
+from lab.image.render import BuildPlan
+from lab.image.resolve import Case
 
 LOCAL = "local"
 # The host's system, seen read-only by the script. The merged-/usr links stay links.
@@ -260,7 +260,7 @@ def write_etc(folder: Path) -> Path:
     return folder
 
 
-# Where the lab's CA bundle is named (as lab.build.hostpip reads them, first set wins).
+# Where the lab's CA bundle is named (as lab.image.hostpip reads them, first set wins).
 CA_VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 
 
@@ -438,7 +438,7 @@ class LocalEngine:
 
     @property
     def cross_installs(self) -> bool:
-        return False  # uv makes the venv itself (lab.build.localenv); the BuildPlan is only a record
+        return False  # uv makes the venv itself (lab.image.localenv); the BuildPlan is only a record
 
     def alive(self) -> bool:
         return True

@@ -12,7 +12,7 @@ The image handle: `prepare` returns a `BuiltImage` (lab.core.records); its `ref`
 engine's `run`, `output_of` and `read_file` take (a Docker tag, the local engine's `LocalImage`).
 A handle is only ever given back to the engine that made it.
 
-Paths in commands, in `env` and in `read_file` are the image's paths (lab.build.layout: /out,
+Paths in commands, in `env` and in `read_file` are the image's paths (lab.image.layout: /out,
 /lab/repro, /opt/venv, ...); an engine that runs elsewhere translates them.
 
 Later changes to this protocol are additive: a new method gets a default in every engine.
@@ -24,12 +24,12 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from lab.build.hostpip import HostPip
-from lab.build.render import BuildPlan
-from lab.build.resolve import Case
 from lab.core.arch import Arch
 from lab.core.records import BuiltImage, Events, ImageUsage, LocalImage, RawRun, RunLimits, no_events
 from lab.core.results import LocalRef
+from lab.image.hostpip import HostPip
+from lab.image.render import BuildPlan
+from lab.image.resolve import Case
 
 # What `run`, `output_of` and `read_file` take: `BuiltImage.ref` of an image this engine prepared.
 # (A Docker tag, or the local engine's environment. An engine with another kind of handle adds it here.)
@@ -104,7 +104,7 @@ class Engine(Protocol):
     @property
     def cross_installs(self) -> bool:
         """Whether the case's requirements are installed on the host with uv and put into the image
-        as one layer (lab.build.crossinstall; plan_build's `installer`). False: the engine's own
+        as one layer (lab.image.crossinstall; plan_build's `installer`). False: the engine's own
         environment maker installs them, and the BuildPlan is only the run folder's record."""
         ...
 

@@ -448,7 +448,7 @@ def _page_pins(lines: list[str]) -> dict[str, tuple[str, int]]:
 
 def _numpy(pins, torch_v, facts, fixups) -> str:
     """numpy as the page pins it, else unpinned: the scenario's `deps: era` resolves it (and the rest)
-    as of torch's release (lab.build.era), so an old torch meets the NumPy it was built against."""
+    as of torch's release (lab.image.era), so an old torch meets the NumPy it was built against."""
     page = pins.get("numpy")
     if page:
         facts.append(Fact("pip", f"numpy=={page[0]}", page[1], "pinned as the page pins it"))

@@ -2,7 +2,7 @@
 for that arch when it reproduced, a bisection when the two verdicts differ, then the comparison of the
 boundary and a comment ready to paste. Each step is recorded in `triage.json` as it ends, so a second
 `lab triage` with the same source and folder goes on where the first stopped. A run step is reused only
-while its content key (lab.build.casekey) is the one the scenario gives now: after an edit of the
+while its content key (lab.image.casekey) is the one the scenario gives now: after an edit of the
 scenario (its expect, script, vars...) the run and every step after it run again, and the note says why.
 
 The steps are callables handed in by the CLI (a run, a bisection, the newest release, the comparison),
@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lab.build.casekey import content_key
-from lab.build.resolve import check_deps, resolve
 from lab.compare.comment import relative_paths, render_comment
 from lab.compare.diff import boundary_pair, compare_runs
 from lab.core.errors import LabError
 from lab.core.scrub import scrub_text
+from lab.image.casekey import content_key
+from lab.image.resolve import check_deps, resolve
 from lab.report.writer import render
 from lab.scenario.lookup import load_scenario
 
@@ -39,7 +39,7 @@ class RunStep:
     verdict: str
     reason: str = ""
     run_dir: str | None = None
-    key: str | None = None              # the run's content key (lab.build.casekey): reused only while it holds
+    key: str | None = None              # the run's content key (lab.image.casekey): reused only while it holds
     parts: dict[str, str] | None = None
 
 

@@ -29,9 +29,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.build.casekey import content_key
-from lab.build.resolve import resolve
 from lab.core import exitcodes as codes
+from lab.image.casekey import content_key
+from lab.image.resolve import resolve
 from lab.issue.fetch import IssueError
 from lab.issue.triage import STATE_FILE, TriageState, summary_lines
 from lab.scenario.lookup import load_scenario

@@ -106,7 +106,7 @@ def _yaml_text(inf: Inference, name: str, script: Path, *, gpu: bool, cpu_varian
             data["cpu_variant"] = cpu_variant
     data["system_packages"] = list(SYSTEM_PACKAGES)
     data["pip"] = list(inf.pip)
-    data["deps"] = "era"  # the page's pins above; everything else as of the torch release (lab.build.era)
+    data["deps"] = "era"  # the page's pins above; everything else as of the torch release (lab.image.era)
     if inf.env:
         data["env"] = dict(inf.env)
     data["script"] = script.as_posix()

@@ -19,9 +19,6 @@ from lab import __version__
 from lab.analyze.dynamo import Diagnostics
 from lab.analyze.evidence import Evidence, read_text
 from lab.analyze.judge import Judgement
-from lab.build.casekey import ContentKey
-from lab.build.era import DepSet, freeze_versions, pins_to_versions
-from lab.build.resolve import Case
 from lab.core.arch import with_emulated_env
 from lab.core.config import current
 from lab.core.errors import LabError
@@ -40,6 +37,9 @@ from lab.core.results import (
     UnfinishedRun,
 )
 from lab.core.runmarker import mark_run
+from lab.image.casekey import ContentKey
+from lab.image.era import DepSet, freeze_versions, pins_to_versions
+from lab.image.resolve import Case
 from lab.report.html import write_run_html
 from lab.report.writer import render
 from lab.scenario.lookup import find_by_name
@@ -69,8 +69,8 @@ class RunRecord:
     torch_build: TorchBuild | None = None  # torch/version.py of the image (git_version)
     engine_kind: str = "docker"        # "local": this host, no container
     local: LocalRef | None = None      # the local engine's host, Python and confinement
-    content: ContentKey | None = None  # lab.build.casekey of the case, taken before the build
-    depset: DepSet | None = None       # lab.build.era: the era's resolution (None: `latest`)
+    content: ContentKey | None = None  # lab.image.casekey of the case, taken before the build
+    depset: DepSet | None = None       # lab.image.era: the era's resolution (None: `latest`)
 
 
 def new_run_dir(root: Path, case: Case, now: datetime | None = None, suffix: str | None = None) -> Path:

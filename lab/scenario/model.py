@@ -563,7 +563,7 @@ class Scenario(BaseModel):
     cpu_variant: Slug | None = None
     system_packages: Annotated[tuple[DebPackage, ...], BeforeValidator(_none_to_list)] = ()
     pip: Annotated[tuple[PipRequirement, ...], BeforeValidator(_none_to_list)] = ()
-    deps: DepsSetting = "latest"   # how everything but torch resolves (lab.build.era)
+    deps: DepsSetting = "latest"   # how everything but torch resolves (lab.image.era)
     env: Annotated[dict[VarName, Text], BeforeValidator(_none_to_dict)] = Field(default_factory=dict)
     vars: Annotated[dict[VarName, Text], BeforeValidator(_none_to_dict)] = Field(default_factory=dict)
     script: Path

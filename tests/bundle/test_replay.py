@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.build.render import render_dockerfile
-from lab.build.resolve import resolve
 from lab.bundle.archive import write_bundle
 from lab.bundle.replay import (
     MAX_DIFF_LINES,
@@ -32,6 +30,8 @@ from lab.bundle.replay import (
 from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
 from lab.core.safetar import BundleError
+from lab.image.render import render_dockerfile
+from lab.image.resolve import resolve
 from lab.report.run_folder import resolved_scenario
 from lab.scenario.lookup import load_scenario
 from tests.conftest import fake_result

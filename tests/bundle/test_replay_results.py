@@ -9,12 +9,12 @@ from datetime import datetime, timezone
 
 import pytest
 
-from lab.build.hostpip import HostPip
 from lab.bundle.archive import write_bundle
 from lab.bundle.replay import discard_replay, execute_replay, prepare_replay
 from lab.core.arch import Arch
 from lab.core.errors import ResultError, ScenarioError
 from lab.core.results import Judgement, RunResult, read_result
+from lab.image.hostpip import HostPip
 from lab.pipeline import RunOutcome
 from tests.bundle.test_bundle import craft_bundle, good_manifest
 from tests.conftest import fake_result

@@ -1,5 +1,5 @@
-"""A stranger's bundle runs nothing of its own at build time and learns no secret (lab.build.wheelsonly,
-lab.build.render's sealed plan, lab.build.image's sealed build), and the summary shown before a replay
+"""A stranger's bundle runs nothing of its own at build time and learns no secret (lab.image.wheelsonly,
+lab.image.render's sealed plan, lab.image.builder's sealed build), and the summary shown before a replay
 (lab.bundle.replay.limit_lines). Logic only: tests/test_attacks_replay.py replays for real."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-import lab.build.image as build_module
-from lab.build.crossinstall import Installed, InstallJob, Locked, Pending
-from lab.build.hostpip import HostPip
-from lab.build.image import OFFLINE, _sealed_networks, build_image
-from lab.build.render import Sealed, plan_build
-from lab.build.resolve import resolve
-from lab.build.wheelsonly import SourceBuildError, direct_references, reference_kind
+import lab.image.builder as build_module
 from lab.bundle.replay import discard_replay, limit_lines
 from lab.core.records import BaseImage
+from lab.image.builder import OFFLINE, _sealed_networks, build_image
+from lab.image.crossinstall import Installed, InstallJob, Locked, Pending
+from lab.image.hostpip import HostPip
+from lab.image.render import Sealed, plan_build
+from lab.image.resolve import resolve
+from lab.image.wheelsonly import SourceBuildError, direct_references, reference_kind
 from lab.scenario.lookup import load_scenario
 from tests.build.test_buildsecret import CREDENTIALED, TOKEN, FakeEngine
 from tests.bundle.test_replay import bundle as bundle  # noqa: F401  (the fixture)
@@ -160,8 +160,8 @@ def test_nothing_resolved_on_the_host_is_refused(cache, tmp_path, monkeypatch):
 
 
 def base_for(case, with_packages: bool) -> BaseImage:
-    from lab.build.base import bootstrap_tag
-    from lab.build.render import system_packages
+    from lab.image.base import bootstrap_tag
+    from lab.image.render import system_packages
     if with_packages:
         return BaseImage("debian:bookworm", bootstrap_tag("bookworm", case.arch, system_packages(case)), "sha256:b",
                          "bootstrapped")

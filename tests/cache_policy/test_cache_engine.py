@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
-from lab.build.hostpip import discover
-from lab.build.resolve import resolve
 from lab.cache_policy import inventory as inv
 from lab.engine.docker_engine import Engine
+from lab.image.hostpip import discover
+from lab.image.resolve import resolve
 from lab.pipeline import run_case
 from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS

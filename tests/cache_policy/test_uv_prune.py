@@ -9,8 +9,8 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from lab.build.crossinstall import uv_binary
 from lab.cache_policy.inventory import prune, prune_uv, take_inventory
+from lab.image.crossinstall import uv_binary
 
 
 def _wheel(folder: Path) -> Path:

@@ -14,8 +14,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from lab.build.crossinstall import uv_binary
 from lab.cache_policy import inventory as inv
+from lab.image.crossinstall import uv_binary
 
 DAY = 86400
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.build.base import bootstrap_command
 from lab.core import config
 from lab.core.arch import Arch
 from lab.core.errors import ConfigError
 from lab.core.resources import shipped_scenarios_dir
+from lab.image.base import bootstrap_command
 from tests.conftest import last_json, run_lab
 
 

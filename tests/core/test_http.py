@@ -53,7 +53,7 @@ def test_the_environment_s_proxy_is_used_unless_no_proxy_names_the_host(server, 
     monkeypatch.setenv("NO_PROXY", "index.invalid")
     with pytest.raises(http.HttpUnreachableError):
         http.get("http://index.invalid/simple/torch/", timeout=5)
-    # proxies named by the caller (lab.build.hostpip's) win over none, and NO_PROXY holds for them too
+    # proxies named by the caller (lab.image.hostpip's) win over none, and NO_PROXY holds for them too
     monkeypatch.delenv("HTTP_PROXY")
     monkeypatch.delenv("NO_PROXY")
     http.get("http://other.invalid/x", timeout=5, proxies=http.proxy_map((("HTTP_PROXY", server),)))

@@ -11,7 +11,6 @@ import pytest
 
 from lab.analyze.evidence import analyze, read_text
 from lab.analyze.judge import judge
-from lab.build.resolve import resolve
 from lab.core.errors import LabError, ResultError
 from lab.core.records import BaseImage, BuiltImage, RawRun, RunLimits
 from lab.core.results import (
@@ -25,6 +24,7 @@ from lab.core.results import (
     read_document,
     read_result,
 )
+from lab.image.resolve import resolve
 from lab.report import run_folder as report
 from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, SCENARIOS, run_lab

@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 import jsonschema
 import pytest
 
-from lab.build.hostpip import HostPip
-from lab.build.resolve import resolve
 from lab.bundle.archive import inspect_bundle, write_bundle
 from lab.core.results import read_result
 from lab.drivers import bisect_run
 from lab.drivers.matrix import expand, matrix_result, run_matrix
+from lab.image.hostpip import HostPip
+from lab.image.resolve import resolve
 from lab.report import run_folder as report
 from lab.scenario.lookup import load_scenario
 from lab.schemas import json_schema, names

@@ -5,12 +5,12 @@ import json
 import pytest
 
 from lab.analyze.judge import Verdict
-from lab.build.hostpip import HostPip
-from lab.build.resolve import check_ablatable, resolve
 from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
 from lab.core.results import AblationResult, Judgement, read_result
 from lab.drivers.ablate import LADDER, Step, conclude, run_ablation, rungs
+from lab.image.hostpip import HostPip
+from lab.image.resolve import check_ablatable, resolve
 from lab.pipeline import RunOutcome
 from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS, fake_result, tiny_scenario

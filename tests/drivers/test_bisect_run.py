@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.build.casekey import content_key
-from lab.build.hostpip import HostPip
 from lab.core.errors import BuildError, EngineError, ResultError, ScenarioError
 from lab.core.results import BisectResult, ImageRef, Judgement, StageTimes, read_result
 from lab.drivers import bisect_run
+from lab.image.casekey import content_key
+from lab.image.hostpip import HostPip
 from lab.pipeline import RunOutcome
 from tests.conftest import DATA, fake_result, tiny_scenario
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from lab.build.resolve import resolve
 from lab.drivers.localize import (
     bisector_command,
     bisector_words,
@@ -11,6 +10,7 @@ from lab.drivers.localize import (
     parse_bisector_output,
     run_bisector,
 )
+from lab.image.resolve import resolve
 from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA
 

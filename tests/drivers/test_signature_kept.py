@@ -4,11 +4,11 @@ and later runs must match it, as PyTorch's minifier does with `check_str`. Fake 
 
 from __future__ import annotations
 
-from lab.build.casekey import content_key
-from lab.build.hostpip import HostPip
 from lab.core.results import BisectResult, FailureSignature, Judgement, Verdict
 from lab.drivers import bisect_run
 from lab.drivers.matrix import expand, matrix_result, run_matrix
+from lab.image.casekey import content_key
+from lab.image.hostpip import HostPip
 from lab.pipeline import RunOutcome
 from tests.conftest import fake_result, tiny_scenario
 from tests.drivers.test_bisect_run import VERSIONS, FakeEngine, releases

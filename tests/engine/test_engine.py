@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.build.layout import OUT as OUT_IN_CONTAINER
-from lab.build.layout import RUN_UID, RUN_USER
 from lab.core.arch import Arch
 from lab.core.records import STREAM_TAIL_BYTES, RunLimits
 from lab.engine.docker_containers import _Capture, container_options
+from lab.image.layout import OUT as OUT_IN_CONTAINER
+from lab.image.layout import RUN_UID, RUN_USER
 from tests.build.test_render import case, plan
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from lab.build.localenv import missing_system_packages, probe_python, torch_matches
 from lab.core.arch import Arch
 from lab.core.records import LocalImage, RunLimits
 from lab.engine.engines import EngineFacts, parse_spec
@@ -36,6 +35,7 @@ from lab.engine.local_engine import (
     write_etc,
 )
 from lab.engine.routing import NoEngineError, routes
+from lab.image.localenv import missing_system_packages, probe_python, torch_matches
 
 IMAGE = LocalImage(python="/cache/venv/k/bin/python", binds=("/home/u/.pyenv/versions/3.11.7", "/cache/venv/k"),
                    path=("/cache/venv/k/bin",), lab_dir=Path("/runs/r"), env=(("VIRTUAL_ENV", "/cache/venv/k"),))

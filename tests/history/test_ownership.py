@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.build.hostpip import HostPip
-from lab.build.resolve import resolve
 from lab.bundle.archive import write_bundle
 from lab.bundle.replay import REPLAYED, discard_replay, execute_replay, prepare_replay
 from lab.core.arch import Arch
 from lab.core.runmarker import KEY_NAME, MARKER, mark_run, marked_since, runs_key
 from lab.history.index import INDEX_NAME, RunIndex
+from lab.image.hostpip import HostPip
+from lab.image.resolve import resolve
 from lab.report.run_folder import new_run_dir
 from lab.scenario.lookup import load_scenario
 from tests.bundle.test_replay import make_run as stranger_run

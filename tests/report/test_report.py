@@ -1,4 +1,4 @@
-from lab.build.resolve import resolve
+from lab.image.resolve import resolve
 from lab.report.run_folder import collect_env_facts, scenario_ref
 from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, SCENARIOS

@@ -16,7 +16,6 @@ from lab import __version__
 from lab.analyze.dynamo import load_diagnostics
 from lab.analyze.evidence import analyze, read_text
 from lab.analyze.judge import build_failed, judge
-from lab.build.resolve import resolve
 from lab.core.records import (
     STOPPED_EMULATOR,
     BaseImage,
@@ -29,6 +28,7 @@ from lab.core.records import (
 )
 from lab.drivers.bisect import bisect
 from lab.drivers.bisect_report import write_bisect_report
+from lab.image.resolve import resolve
 from lab.report.run_folder import RunRecord, render_report
 from lab.scenario.lookup import load_scenario
 from tests.conftest import DATA, SCENARIOS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from lab.build.resolve import resolve
+from lab.image.resolve import resolve
 from lab.report.run_folder import render_report, run_result
 from lab.scenario.model import Expect
 from tests.conftest import DATA, tiny_scenario

@@ -2,7 +2,7 @@ from pathlib import Path
 
 from packaging.tags import Tag
 
-from lab.build.hostpip import HostPip, discover, local_wheels
+from lab.image.hostpip import HostPip, discover, local_wheels
 
 TAGS_X86 = frozenset({Tag("cp311", "cp311", "manylinux_2_28_x86_64"), Tag("py3", "none", "any")})
 TAGS_ARM = frozenset({Tag("cp311", "cp311", "manylinux_2_28_aarch64"), Tag("py3", "none", "any")})

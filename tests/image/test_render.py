@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.build.hostpip import HostPip
-from lab.build.render import (
+from lab.image.hostpip import HostPip
+from lab.image.render import (
     ContextTree,
     plan_build,
     render_dockerfile,
@@ -13,7 +13,7 @@ from lab.build.render import (
     write_context_folder,
     write_site_tar,
 )
-from lab.build.resolve import resolve
+from lab.image.resolve import resolve
 from lab.report.run_folder import write_scenario
 from lab.scenario.lookup import load_scenario
 from tests.build.test_crossinstall import fake_installer
@@ -196,8 +196,8 @@ def test_layers_before_the_script_do_not_depend_on_scenario_or_torch():
 
 def test_the_dockerfile_splits_where_it_copies_the_site_image():
     """The lab builds its Dockerfile in two parts around `COPY --from=site`, with the tree stacked on
-    the first part's image as one layer (lab.build.image); the two parts are the whole, less that line."""
-    from lab.build.render import STACK_ARG, render_parts
+    the first part's image as one layer (lab.image.builder); the two parts are the whole, less that line."""
+    from lab.image.render import STACK_ARG, render_parts
     text = render_dockerfile(case("libgomp-aarch64"))
     prefix, suffix, venv = render_parts(case("libgomp-aarch64"))  # rendered apart, never cut out of `text`
     assert venv == "/opt/venv"

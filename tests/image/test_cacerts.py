@@ -1,8 +1,8 @@
-"""lab.build.cacerts: ca-certificates' update done on the host during a bootstrap.
+"""lab.image.cacerts: ca-certificates' update done on the host during a bootstrap.
 
 The image's own update-ca-certificates is Debian's script; here the host's copy of it stands in
 (the CI machines are Debian), run on a small tree, as the customize hook runs it; the diversion is
-dpkg's file, edited on the host (lab.build.diversion). The bootstrap itself, and the comparison
+dpkg's file, edited on the host (lab.image.diversion). The bootstrap itself, and the comparison
 with the tool run inside the image, are in tests/test_e2e.py.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import cacerts
-from lab.build.base import bootstrap_command
 from lab.core.arch import Arch
+from lab.image import cacerts
+from lab.image.base import bootstrap_command
 
 HOST_TOOL = Path(cacerts.TOOL)
 MOZILLA = Path("/usr/share/ca-certificates/mozilla")

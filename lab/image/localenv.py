@@ -41,14 +41,14 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from lab.build.crossinstall import SOURCE_DATE_EPOCH, uv_binary
-from lab.build.hostpip import HostPip
-from lab.build.resolve import Case
 from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import BuildError, LabError
 from lab.core.records import BaseImage, BuiltImage, Events, LocalImage, no_events
 from lab.core.scrub import redact_secrets
+from lab.image.crossinstall import SOURCE_DATE_EPOCH, uv_binary
+from lab.image.hostpip import HostPip
+from lab.image.resolve import Case
 
 LOCAL_ENV_VERSION = 2
 FREEZE_FILE = ".lab-freeze.txt"

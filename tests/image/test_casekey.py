@@ -1,4 +1,4 @@
-"""The content key of a case (lab.build.casekey): every ingredient of a run changes it, cosmetic edits
+"""The content key of a case (lab.image.casekey): every ingredient of a run changes it, cosmetic edits
 of the YAML do not, and a recorded key that differs is explained by the parts that changed."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import render
-from lab.build.casekey import PARTS, content_key
-from lab.build.resolve import resolve
+from lab.image import render
+from lab.image.casekey import PARTS, content_key
+from lab.image.resolve import resolve
 from lab.scenario.lookup import load_scenario
 
 YAML = """\

@@ -13,7 +13,7 @@ nothing, while every value that changes what is built, what runs or how it is ju
 - `vars`: the scenario's vars after `--set`;
 - `base`: the base image the scenario asks for;
 - `deps`: pip requirements, system packages, how they are installed (the cross_install setting),
-  the dependency era (`deps`: latest, era or a date, lab.build.era) and the pins the lab chose
+  the dependency era (`deps`: latest, era or a date, lab.image.era) and the pins the lab chose
   itself (a blame probe's); an era's resolved pins follow from the setting and are not a part;
   the versions a replay constrains to (its original run's freeze) are one when there are any;
 - `lab`: RULES_VERSION, the Dockerfile template(s) the case renders with (the shipped ones or
@@ -33,10 +33,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lab.build.render import template_environment, template_for
-from lab.build.resolve import Case
 from lab.core.config import current
 from lab.core.resources import runner_source
+from lab.image.render import template_environment, template_for
+from lab.image.resolve import Case
 
 # Bump when the templates' or the judging rules' meaning changes without a file change.
 # 2: a failure of the script's own code (NameError, ImportError...) is not reproduced by an exit code alone.

@@ -1,4 +1,4 @@
-"""lab.build.nativepython: during an emulated bootstrap, the python3.X packages' byte-compilation
+"""lab.image.nativepython: during an emulated bootstrap, the python3.X packages' byte-compilation
 is done by the host's Python of the same version, and writes the same .pyc files.
 
 The stand-in is run here on the host by the host's own Python, playing the tree's, with its paths
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import diversion, nativepython
+from lab.image import diversion, nativepython
 
 PYTHONS = nativepython.host_pythons()
 pytestmark = pytest.mark.skipif(not PYTHONS, reason="needs the host's Debian /usr/bin/python3.X")

@@ -16,7 +16,7 @@ perl is the same version (5.36.0 against 5.36.0): it copies the host's /usr/bin/
 libraries it loads and the host's perl-base module folder (at its own path, e.g.
 /usr/lib/x86_64-linux-gnu/perl-base, so the host's perl finds its modules in its own order, among
 the tree's arch-independent ones) into the tree, and puts a stand-in in place of /usr/bin/perl
-(dpkg-divert's way: perl-base's own is kept aside, lab.build.diversion). The stand-in runs the
+(dpkg-divert's way: perl-base's own is kept aside, lab.image.diversion). The stand-in runs the
 host's perl through its own dynamic loader, natively, with the same arguments, while the tree has
 no Perl modules of its arch beyond perl-base (as in a minbase with compilers and Python); once a
 package has put others there (libperl, an XS module), the image's own perl, in place. `restore`
@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 if __package__:
-    from lab.build import diversion
+    from lab.image import diversion
 else:  # run as a file by mmdebstrap's hook: its folder is on sys.path
     import diversion  # type: ignore[no-redef]
 
@@ -52,7 +52,7 @@ def stand_in(version: str, triplet: str, loader: str) -> str:
     return f'''\
 #!/bin/sh
 # torch-repro-lab: in place of perl while the base is bootstrapped, removed after it
-# (lab/build/nativeperl.py). While {own} has no Perl modules beyond perl-base, the same
+# (lab/image/nativeperl.py). While {own} has no Perl modules beyond perl-base, the same
 # arguments go to the host's perl {version} (the image's version), run natively by its own loader.
 if [ ! -e {own}/perl5 ] && [ ! -e {own}/perl ] && [ -x {HOME}/perl ]; then
     exec {loader} --library-path {_LIB} {HOME}/perl "$@"

@@ -1,4 +1,4 @@
-"""lab.build.diversion: a file replaced for the length of a bootstrap, as dpkg diverts it, and no
+"""lab.image.diversion: a file replaced for the length of a bootstrap, as dpkg diverts it, and no
 trace of it afterwards, in dpkg's diversions or in dpkg-divert's backup. The bootstrap itself is
 in tests/test_e2e.py (`dpkg-divert --list` and `dpkg --verify` in the arm64 base)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import diversion
+from lab.image import diversion
 
 DASH = "/bin/sh\n/bin/sh.distrib\ndash\n"
 TOOL = "/usr/bin/dpkg-deb"

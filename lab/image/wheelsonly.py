@@ -5,7 +5,7 @@ an sdist runs its build code (`setup.py`, a build backend) at build time, and a 
 VCS reference or a local path is fetched from wherever the bundle's author chose. A replay
 (lab.bundle.replay) therefore installs only wheels that uv resolves on this host, from the
 indexes the user configured, with `--no-build` (lab.crossinstall), and its build runs with no
-network and no credentials (lab.build.image, `Sealed`). This module holds the checks:
+network and no credentials (lab.image.builder, `Sealed`). This module holds the checks:
 
 - `direct_references`: the requirements that name a URL, a VCS repository or a path (refused
   before anything is resolved: uv would fetch them);
@@ -33,10 +33,10 @@ from urllib.parse import urlparse
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from lab.build.crossinstall import SEEDED_BY_VENV, Site, Target, seeded_requirements
-from lab.build.hostpip import HostPip, local_wheels
 from lab.core.cache import cache_dir
 from lab.core.errors import ScenarioError
+from lab.image.crossinstall import SEEDED_BY_VENV, Site, Target, seeded_requirements
+from lab.image.hostpip import HostPip, local_wheels
 
 VCS_SCHEMES = ("git", "hg", "svn", "bzr")
 PIP_TIMEOUT_S = 600

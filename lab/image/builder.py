@@ -22,13 +22,17 @@ from pathlib import Path
 from filelock import FileLock
 from packaging.version import Version
 
-from lab.build import releases, wheelsonly
-from lab.build.base import bootstrap_tag, debian_suite, ensure_base
-from lab.build.buildsecret import serve_once
-from lab.build.hostpip import HostPip
-from lab.build.imagestore import ImageStore
-from lab.build.layout import LAYERS_REPO
-from lab.build.render import (
+from lab.core.cache import cache_dir
+from lab.core.errors import BuildError
+from lab.core.records import BuiltImage, Events, no_events
+from lab.core.scrub import redact_secrets, redact_url, strip_url_credentials
+from lab.image import releases, wheelsonly
+from lab.image.base import bootstrap_tag, debian_suite, ensure_base
+from lab.image.buildsecret import serve_once
+from lab.image.hostpip import HostPip
+from lab.image.imagestore import ImageStore
+from lab.image.layout import LAYERS_REPO
+from lab.image.render import (
     IMAGE_REPO,
     SITE_DIR,
     STACK_ARG,
@@ -42,11 +46,7 @@ from lab.build.render import (
     write_context,
     write_site_tar,
 )
-from lab.build.resolve import Case
-from lab.core.cache import cache_dir
-from lab.core.errors import BuildError
-from lab.core.records import BuiltImage, Events, no_events
-from lab.core.scrub import redact_secrets, redact_url, strip_url_credentials
+from lab.image.resolve import Case
 
 PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
 

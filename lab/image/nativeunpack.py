@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 if __package__:
-    from lab.build import diversion
+    from lab.image import diversion
 else:  # run as a file by mmdebstrap's hook: its folder is on sys.path
     import diversion  # type: ignore[no-redef]
 
@@ -40,7 +40,7 @@ GREP = "/bin/grep"  # the grep package's own path (/bin is /usr/bin in a merged 
 RM, BASENAME = "/bin/rm", "/usr/bin/basename"  # coreutils' own paths
 _HEAD = f"""#!{BUSYBOX} sh
 # torch-repro-lab: run natively by the host's busybox while the base is bootstrapped, and removed
-# after it (lab/build/nativeunpack.py). What it does not do itself goes to the image's own tool.
+# after it (lab/image/nativeunpack.py). What it does not do itself goes to the image's own tool.
 bb={BUSYBOX}
 """
 # `dpkg-deb --fsys-tarfile DEB` and `--control DEB DIR`, as dpkg runs them for each package, for a

@@ -1,8 +1,8 @@
 import pytest
 
-from lab.build.resolve import Case, base_python, resolve
 from lab.core.arch import Arch
 from lab.core.errors import ScenarioError
+from lab.image.resolve import Case, base_python, resolve
 from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS, tiny_scenario
 

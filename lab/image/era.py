@@ -15,7 +15,7 @@ torch) becomes part of the case's requirements, so every installer (uv on the ho
 image, the local engine's venv) installs exactly that, and the site cache keys on it.
 
 The release's upload time comes from the index's JSON simple API (PEP 700 `upload-time`), which
-lab.build.releases already reads. A find-links wheel has no upload time: its public version's on
+lab.image.releases already reads. A find-links wheel has no upload time: its public version's on
 the index is used; when no index has one, `era` is refused with a clear error (give a date).
 uv keeps find-links files, which have no upload time, whatever the cut: a local torch wheel still
 resolves.
@@ -38,11 +38,11 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from lab.build import releases
-from lab.build.crossinstall import target_for, uv_binary
-from lab.build.hostpip import HostPip
 from lab.core.cache import cache_dir
 from lab.core.errors import LabError
+from lab.image import releases
+from lab.image.crossinstall import target_for, uv_binary
+from lab.image.hostpip import HostPip
 from lab.scenario.model import _DATE_RE, DEPS_HELP, ERA, LATEST, parse_deps, rfc3339  # noqa: F401 (re-exported)
 
 GRACE = timedelta(days=7)

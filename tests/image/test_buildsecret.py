@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import image as build_module
-from lab.build.buildsecret import serve_once
-from lab.build.hostpip import HostPip
-from lab.build.image import PIP_CONF_URL_ARG, _pip_credentials, build_image
-from lab.build.render import image_pip_conf, plan_build, write_context_folder
-from lab.build.resolve import resolve
 from lab.core.errors import BuildError
 from lab.core.records import BaseImage
+from lab.image import builder as build_module
+from lab.image.builder import PIP_CONF_URL_ARG, _pip_credentials, build_image
+from lab.image.buildsecret import serve_once
+from lab.image.hostpip import HostPip
+from lab.image.render import image_pip_conf, plan_build, write_context_folder
+from lab.image.resolve import resolve
 from lab.report.run_folder import write_scenario
 from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS

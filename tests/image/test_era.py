@@ -1,4 +1,4 @@
-"""lab.build.era: deps settings, a release's upload time from the index's JSON API, and uv's
+"""lab.image.era: deps settings, a release's upload time from the index's JSON API, and uv's
 resolution as of a cut, against a fake index on 127.0.0.1 serving small wheels with upload times."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import zipfile
 
 import pytest
 
-from lab.build import era, releases
-from lab.build.casekey import content_key
-from lab.build.crossinstall import InstallJob, Target, site_key
-from lab.build.hostpip import HostPip
-from lab.build.resolve import resolve
 from lab.core.errors import ScenarioError
+from lab.image import era, releases
+from lab.image.casekey import content_key
+from lab.image.crossinstall import InstallJob, Target, site_key
+from lab.image.hostpip import HostPip
+from lab.image.resolve import resolve
 from tests.conftest import tiny_scenario
 from tests.localhttp import QuietHandler, serving, without_proxies
 

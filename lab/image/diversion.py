@@ -7,8 +7,8 @@ not through dpkg-divert in the tree (emulated for a foreign arch), and so leave 
 backup (`diversions-old`) alone; the lab's entries, which a package's own dpkg-divert may have
 copied into that backup meanwhile (dash's preinst diverts /bin/sh), are taken out of it again. The
 base ends as if the lab had never diverted anything. The lab's entries are local (package `:`)
-and divert to a name ending in SUFFIX. Used by mmdebstrap's hooks (lab.build.cacerts,
-lab.build.nativeunpack, lab.build.nativepython, lab.build.nativeperl): the standard library only.
+and divert to a name ending in SUFFIX. Used by mmdebstrap's hooks (lab.image.cacerts,
+lab.image.nativeunpack, lab.image.nativepython, lab.image.nativeperl): the standard library only.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def hook_command(script: str, python: str) -> str:
 def native_libraries(files: list[Path]) -> tuple[Path, set[Path]]:
     """The dynamic loader and the libraries that `files` (a host program, the modules it loads)
     need, as ldd names them: what goes into the tree with a host program that runs there natively
-    through its own loader (lab.build.nativepython, lab.build.nativeperl)."""
+    through its own loader (lab.image.nativepython, lab.image.nativeperl)."""
     loader, libs = None, set()
     for file in files:
         for line in subprocess.run(["ldd", str(file)], capture_output=True, text=True).stdout.splitlines():

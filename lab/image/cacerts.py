@@ -22,13 +22,13 @@ import sys
 from pathlib import Path
 
 if __package__:
-    from lab.build import diversion
+    from lab.image import diversion
 else:  # run as a file by mmdebstrap's hook: its folder is on sys.path
     import diversion  # type: ignore[no-redef]
 
 TOOL = "/usr/sbin/update-ca-certificates"
 DIVERTED = TOOL + diversion.SUFFIX
-STUB = "#!/bin/sh\n# torch-repro-lab: made on the host after the bootstrap (lab/build/cacerts.py)\nexit 0\n"
+STUB = "#!/bin/sh\n# torch-repro-lab: made on the host after the bootstrap (lab/image/cacerts.py)\nexit 0\n"
 
 
 def hooks(python: str = sys.executable) -> tuple[list[str], list[str]]:

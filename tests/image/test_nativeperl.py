@@ -1,4 +1,4 @@
-"""lab.build.nativeperl: during an emulated bootstrap, the maintainer scripts' Perl is run by the
+"""lab.image.nativeperl: during an emulated bootstrap, the maintainer scripts' Perl is run by the
 host's perl of the same version, with the same arguments, as long as the tree has no Perl modules
 of its own arch beyond perl-base.
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import diversion, nativeperl
+from lab.image import diversion, nativeperl
 
 PERL = nativeperl.host_perl()
 pytestmark = pytest.mark.skipif(PERL is None, reason="needs the host's Debian perl and ldd")

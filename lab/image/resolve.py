@@ -52,11 +52,11 @@ class Case:
     backend: str | None = None
     vars: tuple[tuple[str, str], ...] = field(default=())
     mode: str | None = None
-    # How everything but torch resolves (lab.build.era): `latest`, `era` or a date. Part of the key.
+    # How everything but torch resolves (lab.image.era): `latest`, `era` or a date. Part of the key.
     deps: str = "latest"
     # `name==version` pins the lab chose itself (a bisection's blame step, a replay): part of the key.
     pins: tuple[str, ...] = ()
-    # The era's resolved pins (lab.build.era.apply, on the host before the build): derived from
+    # The era's resolved pins (lab.image.era.apply, on the host before the build): derived from
     # `deps`, so not part of the content key; part of the requirements and so of the site key.
     resolved: tuple[str, ...] = field(default=(), compare=False)
     # `name==version` constraints on what the requirements pull in (a replay: every version the

@@ -1,4 +1,4 @@
-"""Which base a case gets (lab.build.base.ensure_base): present, bootstrapped with the case's
+"""Which base a case gets (lab.image.base.ensure_base): present, bootstrapped with the case's
 packages included, or the plain bootstrap when that fails. The engine and mmdebstrap are fakes
 here; tests/test_e2e.py builds real bases."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lab.build import base as base_mod
-from lab.build.base import bootstrap_command, bootstrap_tag, ensure_base
 from lab.core.arch import Arch
 from lab.core.errors import BaseImageError
+from lab.image import base as base_mod
+from lab.image.base import bootstrap_command, bootstrap_tag, ensure_base
 
 PKGS = ("python3-dev", "g++", "python3", "ca-certificates", "python3-venv")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import crossinstall
-from lab.build.crossinstall import (
+from lab.image import crossinstall
+from lab.image.crossinstall import (
     CrossInstallError,
     Installed,
     InstallJob,
@@ -34,8 +34,8 @@ from lab.build.crossinstall import (
     walk_tree,
     write_tree_tar,
 )
-from lab.build.hostpip import HostPip, discover
-from lab.build.resolve import resolve
+from lab.image.hostpip import HostPip, discover
+from lab.image.resolve import resolve
 from lab.scenario.lookup import load_scenario
 from tests.conftest import ROOT, SCENARIOS, tiny_scenario
 
@@ -269,7 +269,7 @@ def test_unknown_python_or_switched_off_means_no_cross_install(cache: Path, monk
 
 RACER = """
 import sys
-from lab.build.crossinstall import ensure_site
+from lab.image.crossinstall import ensure_site
 from tests.build.test_crossinstall import fake_installer, job
 site = ensure_site(job(), fake_installer, lambda s, m: print(m, file=sys.stderr))
 print(site.digest, site.root, site.cached)

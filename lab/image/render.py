@@ -25,8 +25,15 @@ from typing import BinaryIO
 import jinja2
 
 from lab import __version__
-from lab.build import layout, wheelsonly
-from lab.build.crossinstall import (
+from lab.core import config
+from lab.core.errors import ScenarioError
+from lab.core.hashing import HashingWriter
+from lab.core.records import Events, no_events
+from lab.core.resources import RUNNER_NAME, runner_source, template_loader
+from lab.core.scrub import redact_secrets
+from lab.core.tarwrite import add_bytes, add_dir, add_file, stream_tar
+from lab.image import layout, wheelsonly
+from lab.image.crossinstall import (
     FREEZE_FILE,
     VENV_IN_IMAGE,
     Installer,
@@ -36,16 +43,9 @@ from lab.build.crossinstall import (
     prepare_site,
     write_tree_tar,
 )
-from lab.build.hostpip import HostPip, local_wheels
-from lab.build.resolve import Case
-from lab.build.wheelsonly import direct_references
-from lab.core import config
-from lab.core.errors import ScenarioError
-from lab.core.hashing import HashingWriter
-from lab.core.records import Events, no_events
-from lab.core.resources import RUNNER_NAME, runner_source, template_loader
-from lab.core.scrub import redact_secrets
-from lab.core.tarwrite import add_bytes, add_dir, add_file, stream_tar
+from lab.image.hostpip import HostPip, local_wheels
+from lab.image.resolve import Case
+from lab.image.wheelsonly import direct_references
 from lab.scenario.model import CONTROL_CHARS, is_debian_package
 
 BASE_PACKAGES = ("ca-certificates", "python3", "python3-venv")
@@ -99,7 +99,7 @@ class Sealed:
     `rendered`: the Dockerfile is this lab's re-render, so its steps before the venv (the system
     packages, from the base's own Debian sources) are the lab's: they get the engine's default
     network, and the host's proxies without credentials, when the base lacks the packages
-    (lab.build.image). A bundle's own Dockerfile (`--bundled-dockerfile`) gets no network at all.
+    (lab.image.builder). A bundle's own Dockerfile (`--bundled-dockerfile`) gets no network at all.
     `source_builds` (`--allow-source-builds`): pip in the image may install what the host did not
     resolve to wheels; that step then gets the engine's default network (never the host's), and
     still no credentials."""
@@ -204,7 +204,7 @@ def template_environment() -> jinja2.Environment:
     env.filters["json"] = json.dumps
     env.filters["label"] = dockerfile_quote
     env.filters["word"] = dockerfile_word
-    # every template is rendered with the image layout (lab.build.layout), and as a whole
+    # every template is rendered with the image layout (lab.image.layout), and as a whole
     # Dockerfile unless a `part` is asked for (render_parts)
     env.globals.update(layout=layout.template_values(), stack_arg=STACK_ARG, part="whole")
     return env
@@ -259,7 +259,7 @@ def check_fields(fields: dict[str, object], file: str | None = None) -> None:
 
 
 def render_template(template: str, fields: dict[str, object], file: str | None = None, part: str = "whole") -> str:
-    """Check the fields, then render `template` with them and the image layout (lab.build.layout).
+    """Check the fields, then render `template` with them and the image layout (lab.image.layout).
     `part`: the whole Dockerfile, or one of the two parts it is built in when the cross-installed
     tree is stacked as a layer (`render_parts`)."""
     check_fields(fields, file)
@@ -390,7 +390,7 @@ def plan_build(case: Case, host: HostPip, events: Events = no_events,
     site/ (from the lab's cache when there). `installer=None` leaves all of it to pip in the image.
 
     `sealed` (a replay): wheels only, resolved on the host. A requirement the host did not resolve
-    to a wheel is refused (lab.build.wheelsonly.SourceBuildError) before anything is built, unless
+    to a wheel is refused (lab.image.wheelsonly.SourceBuildError) before anything is built, unless
     `sealed.source_builds`; otherwise the image's pip.conf names no index, only /lab/wheels, which
     holds the host's wheels of what the venv seeds itself (pip, setuptools) and a requirement needs.
     When the host's tree holds everything (no pip runs in the build), the context is the same as

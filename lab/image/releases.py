@@ -31,12 +31,12 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from lab.build.hostpip import HostPip, is_host_folder, to_path
-from lab.build.resolve import wheel_tags
 from lab.core import cache, http
 from lab.core.arch import Arch
 from lab.core.errors import LabError
 from lab.core.scrub import redact_url
+from lab.image.hostpip import HostPip, is_host_folder, to_path
+from lab.image.resolve import wheel_tags
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 MAX_AGE_S = 24 * 3600

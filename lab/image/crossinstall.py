@@ -44,9 +44,6 @@ from typing import BinaryIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from lab.build import layout
-from lab.build.hostpip import HostPip
-from lab.build.resolve import Case, base_glibc
 from lab.core.cache import cache_dir, entry_lock
 from lab.core.config import current as current_settings
 from lab.core.errors import LabError
@@ -54,6 +51,9 @@ from lab.core.hashing import CountingWriter, HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.scrub import redact_secrets
 from lab.core.tarwrite import TreeEntry, tar_info, write_tree  # noqa: F401 - (tar_info: re-exported)
+from lab.image import layout
+from lab.image.hostpip import HostPip
+from lab.image.resolve import Case, base_glibc
 
 CROSS_INSTALL_VERSION = 3       # part of every cache key: bump it when the tree's layout changes
 VENV_IN_IMAGE = layout.VENV

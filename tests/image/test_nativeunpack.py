@@ -1,4 +1,4 @@
-"""lab.build.nativeunpack: during an emulated bootstrap, what dpkg asks of dpkg-split and dpkg-deb
+"""lab.image.nativeunpack: during an emulated bootstrap, what dpkg asks of dpkg-split and dpkg-deb
 for each package is answered by the host's static busybox, as the tools themselves answer it.
 
 The stand-ins are run here on the host, with their paths pointed at the host's busybox and tools
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import nativeunpack
+from lab.image import nativeunpack
 
 BUSYBOX = nativeunpack.static_busybox()
 pytestmark = pytest.mark.skipif(BUSYBOX is None or shutil.which("dpkg-deb") is None,

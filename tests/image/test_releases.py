@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.build import releases
-from lab.build.hostpip import HostPip
-from lab.build.releases import (
+from lab.core.errors import LabError
+from lab.image import releases
+from lab.image.hostpip import HostPip
+from lab.image.releases import (
     IndexUnreachableError,
     ReleaseError,
     between,
@@ -25,7 +26,6 @@ from lab.build.releases import (
     describe,
     sources,
 )
-from lab.core.errors import LabError
 from tests.localhttp import QuietHandler, serving, without_proxies
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "index"

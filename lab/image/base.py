@@ -18,14 +18,14 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from lab.build import cacerts, nativeperl, nativepython, nativeunpack
-from lab.build.resolve import host_arch
 from lab.core.arch import Arch
 from lab.core.cache import cache_dir
 from lab.core.config import current as current_settings
 from lab.core.errors import BaseImageError
 from lab.core.records import BaseImage, Events
 from lab.core.scrub import is_secret_url, redact_url, redact_urls
+from lab.image import cacerts, nativeperl, nativepython, nativeunpack
+from lab.image.resolve import host_arch
 
 BOOTSTRAP_REPO = "torch-repro-lab/debian"
 PUBLIC_DEBIAN_MIRROR = "http://deb.debian.org/debian"  # what a base's sources.list names when the mirror is a secret
@@ -89,10 +89,10 @@ def _merged_usr(suite: str) -> list[str]:
 
 def _native_steps(arch: Arch, packages: tuple[str, ...]) -> list[str]:
     """Hooks that do on the host what the same packages would do slowly under QEMU, with the same
-    result: for a foreign arch, dpkg's per-package helpers (lab.build.nativeunpack), when the host
-    has a static busybox, Python's byte-compilation (lab.build.nativepython), by the host's
-    Python of the same version, and the maintainer scripts' Perl (lab.build.nativeperl), by the
-    host's perl of the same version; ca-certificates' update (lab.build.cacerts), when the host has openssl to
+    result: for a foreign arch, dpkg's per-package helpers (lab.image.nativeunpack), when the host
+    has a static busybox, Python's byte-compilation (lab.image.nativepython), by the host's
+    Python of the same version, and the maintainer scripts' Perl (lab.image.nativeperl), by the
+    host's perl of the same version; ca-certificates' update (lab.image.cacerts), when the host has openssl to
     hash with. The diversions are made in that order and undone in the reverse one."""
     steps: list[tuple[list[str], list[str]]] = []
     foreign = arch != host_arch()

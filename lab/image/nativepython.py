@@ -12,7 +12,7 @@ host's Debian python3.11 (3.11.2) and the arm64 image's write the same bytes for
 
 `divert` copies the host's `/usr/bin/python3.X` (each PYTHON given) and the libraries it loads
 into the tree, and puts a stand-in in place of the image's `/usr/lib/python3.X/py_compile.py`
-(dpkg-divert's way: the package's own file is kept aside, lab.build.diversion). Run as a program
+(dpkg-divert's way: the package's own file is kept aside, lab.image.diversion). Run as a program
 by a target Python of the same version (X.Y.Z), the stand-in hands the same command line, with
 the package's own py_compile.py, to the host's Python through its own dynamic loader: the kernel
 runs it natively inside the chroot, and it reads and writes the tree's files at their own paths.
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 if __package__:
-    from lab.build import diversion
+    from lab.image import diversion
 else:  # run as a file by mmdebstrap's hook: its folder is on sys.path
     import diversion  # type: ignore[no-redef]
 
@@ -53,7 +53,7 @@ def stand_in(minor: str, version: tuple[int, int, int], loader: str) -> str:
     real = py_compile(minor) + diversion.SUFFIX
     return f'''\
 # torch-repro-lab: in place of py_compile.py while the base is bootstrapped, removed after it
-# (lab/build/nativepython.py). Run as a program by Python {".".join(map(str, version))}, the same command
+# (lab/image/nativepython.py). Run as a program by Python {".".join(map(str, version))}, the same command
 # line goes to the host's Python {minor} (same version, same .pyc), run natively by its own loader.
 import os as _lab_os
 import sys as _lab_sys
