@@ -22,10 +22,10 @@ from lab.image.render import Sealed, plan_build
 from lab.image.resolve import resolve
 from lab.image.wheelsonly import SourceBuildError, direct_references, reference_kind
 from lab.scenario.lookup import load_scenario
-from tests.build.test_buildsecret import CREDENTIALED, TOKEN, FakeEngine
 from tests.bundle.test_replay import bundle as bundle  # noqa: F401  (the fixture)
 from tests.bundle.test_replay import edit_scenario, prepare, tamper
 from tests.conftest import LAB, ROOT
+from tests.image.test_buildsecret import CREDENTIALED, TOKEN, FakeEngine
 
 FORMS = {
     "evil @ https://evil.example/evil-1.0.tar.gz": "a direct URL",
@@ -288,7 +288,7 @@ def test_the_cli_marks_above_default_values_in_bold_red():
 
 
 def test_a_complete_host_tree_gives_the_same_context_as_the_users_own_run(cache, tmp_path):
-    from tests.build.test_crossinstall import fake_installer  # a tree that needs nothing of pip in the image
+    from tests.image.test_crossinstall import fake_installer  # a tree that needs nothing of pip in the image
     case = amd64_case(tmp_path)
     sealed = plan_build(case, CREDENTIALED, installer=fake_installer, sealed=Sealed())
     own = plan_build(case, CREDENTIALED, installer=fake_installer)

@@ -10,7 +10,7 @@ from lab.core.records import STREAM_TAIL_BYTES, RunLimits
 from lab.engine.docker_containers import _Capture, container_options
 from lab.image.layout import OUT as OUT_IN_CONTAINER
 from lab.image.layout import RUN_UID, RUN_USER
-from tests.build.test_render import case, plan
+from tests.image.test_render import case, plan
 
 
 def test_every_container_is_confined():

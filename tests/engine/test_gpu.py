@@ -21,7 +21,7 @@ from lab.engine.engines import EngineFacts, GiB
 from lab.engine.gpu import check_case as check_gpu  # (was lab.pipeline.check_gpu)
 from lab.engine.routing import Fleet, NoEngineError
 from lab.pipeline import run_limits
-from tests.build.test_render import case
+from tests.image.test_render import case
 
 REFUSED = 'could not select device driver "" with capabilities: [[gpu]]'
 

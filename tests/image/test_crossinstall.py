@@ -270,7 +270,7 @@ def test_unknown_python_or_switched_off_means_no_cross_install(cache: Path, monk
 RACER = """
 import sys
 from lab.image.crossinstall import ensure_site
-from tests.build.test_crossinstall import fake_installer, job
+from tests.image.test_crossinstall import fake_installer, job
 site = ensure_site(job(), fake_installer, lambda s, m: print(m, file=sys.stderr))
 print(site.digest, site.root, site.cached)
 """

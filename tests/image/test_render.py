@@ -16,8 +16,8 @@ from lab.image.render import (
 from lab.image.resolve import resolve
 from lab.report.run_folder import write_scenario
 from lab.scenario.lookup import load_scenario
-from tests.build.test_crossinstall import fake_installer
 from tests.conftest import SCENARIOS
+from tests.image.test_crossinstall import fake_installer
 
 
 def case(name="libgomp-aarch64", **kw):
