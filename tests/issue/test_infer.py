@@ -66,7 +66,8 @@ def test_source_build_takes_the_release_that_first_shipped_its_code():
     assert inf.torch == "2.1.0" and inf.arch.value == "arm64"
     fact = inf.fact("torch")
     assert fact.line == 30 and "2.1.0a0+gita8ea417" in fact.how and "first shipped" in fact.how
-    assert inf.expect == {"stdout_contains_normalized": "tensor(28.)"}
+    # the comment states the right values ("it should be 36"): they are the oracle, not the observed 28 (issue 28)
+    assert inf.expect == {"stdout_contains": "LAB-ORACLE: wrong result"}
 
 
 def test_no_versions_section_takes_the_release_of_the_issue_date():
@@ -95,7 +96,7 @@ def test_the_script_not_the_minified_repro_is_chosen():
 
 def test_printed_output_is_compared_with_whitespace_normalized():
     assert _inf("105264").expect == {"stdout_contains_normalized": "tensor(256, dtype=torch.int16)"}
-    assert _inf("183082").expect == {"stdout_contains_normalized": "compiled = 13"}
+    assert _inf("93374").expect == {"stdout_contains_normalized": "tensor([0.6080, 0.6080, 0.6080])"}
 
 
 def test_traceback_tail_gives_the_final_exception():
