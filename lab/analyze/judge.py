@@ -13,6 +13,11 @@ pasted output run as code, an API an older release lacks) is never `reproduced` 
 alone: it is `failed_differently` unless the scenario names that exception, or another expectation
 (printed output, a duplicate runtime, another exception) held apart from it. `expect.signature` (an
 exception type and torch frame, or a signal) must match how the run failed (lab.analyze.signature).
+
+A wrong-result scenario written from an issue page checks its result with an oracle (lab.issue.oracle)
+that prints one `LAB-ORACLE:` line; the verdict's reason quotes it, so the report names the oracle. A
+script that says it has no oracle (`LAB-ORACLE: none: ...`) is `error`: the run cannot tell the bug
+from its fix, and a guess would be worse than no answer.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from lab.scenario.model import Expect
 __all__ = ["Check", "Judgement", "Verdict", "build_failed", "judge", "normalize_ws"]
 
 _BROKEN_ENV = ("No module named 'torch'", "libtorch", "GLIBC_")
+ORACLE_MARK = "LAB-ORACLE:"
+NO_ORACLE = f"{ORACLE_MARK} none"
 
 
 def _judgement(verdict: Verdict, reason: str, checks: tuple[Check, ...] = ()) -> Judgement:
@@ -47,7 +54,19 @@ def judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics=No
     """`diagnostics` (lab.dynamo.Diagnostics) is needed only for `graph_breaks`; `script` is the
     scenario's script file name, to tell a failure of its own code from a failure in torch."""
     judgement = _judge(ev, expect, stdout, stderr, diagnostics, script)
+    said = _oracle_line(stdout)
+    if said and said.startswith(NO_ORACLE) and judgement.verdict is not Verdict.TIMEOUT:
+        judgement = _judgement(Verdict.ERROR, f"no oracle: the scenario says it cannot tell a wrong result "
+                                              f"from a right one ({said[:300]})", judgement.checks)
+    elif said and judgement.verdict in (Verdict.REPRODUCED, Verdict.NOT_REPRODUCED):
+        judgement = judgement.model_copy(update={"reason": f"{judgement.reason}; oracle: {said[:300]}"})
     return judgement.model_copy(update={"signature": observed_failure(ev)})
+
+
+def _oracle_line(stdout: str) -> str | None:
+    """The last line an issue-page oracle printed (`LAB-ORACLE: ...`), or None."""
+    found = [ln.strip() for ln in stdout.splitlines() if ln.startswith(ORACLE_MARK)]
+    return found[-1] if found else None
 
 
 def _judge(ev: Evidence, expect: Expect, stdout: str, stderr: str, diagnostics, script: str | None) -> Judgement:

@@ -14,7 +14,7 @@ from datetime import date
 from packaging.version import Version
 
 from lab.core.arch import Arch
-from lab.issue import releases
+from lab.issue import oracle, releases
 from lab.issue.fetch import IssueError, IssuePage
 from lab.issue.parse import Block, Kind, blocks, named_versions
 from lab.scenario.bases import DEFAULT_BASE, OLD_BASE, base_python
@@ -80,7 +80,14 @@ def infer(page: IssuePage) -> Inference:
     env: dict[str, str] = {}
     raw = _find_torch(page, lines, found)[0]
     same_env = raw is not None and _plausible(raw) and Version(Version(raw).public) == Version(torch_v)
-    expect = _expect(page, lines, found, chosen, script, facts, fixups, env, same_torch=same_env)
+    chosen_oracle: list[oracle.Oracle] = []
+    expect = _expect(page, lines, found, chosen, script, facts, fixups, env, same_torch=same_env,
+                     oracle_out=chosen_oracle)
+    if chosen_oracle:
+        script = chosen_oracle[0].wrap(script)
+        fixups.append(f"script: the lab's {chosen_oracle[0].kind} oracle "
+                      + ("printed first: the page has no oracle" if chosen_oracle[0].kind == "none"
+                         else "appended after the page's code") + " (issue 28: a wrong result needs an oracle)")
     pip = _pip(lines, script, torch_v, facts, fixups, keep_pins=same_env)
     return Inference(page=page, torch=torch_v, arch=arch, gpu=gpu, cpu_variant=cpu_variant, pip=pip, env=env,
                      script=script, script_lines=span, expect=expect, facts=facts, fixups=fixups, python=python,
@@ -489,7 +496,8 @@ _SIGNALS = ((re.compile(r"(?i)segmentation fault|SIGSEGV|segfault"), 139, "a seg
             (re.compile(r"(?i)illegal instruction|SIGILL"), 132, "an illegal instruction (SIGILL)"))
 
 
-def _expect(page, lines, found, chosen, script, facts, fixups, env, *, same_torch: bool = True) -> dict[str, object]:
+def _expect(page, lines, found, chosen, script, facts, fixups, env, *, same_torch: bool = True,
+            oracle_out: list | None = None) -> dict[str, object]:
     for i, text in enumerate(lines):
         if re.search(r"\bpython3?(?:\.\d+)?\s+(?:-W\s*error|-Werror)\b|PYTHONWARNINGS=error", text):
             env["PYTHONWARNINGS"] = "error"
@@ -525,17 +533,30 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env, *, same_torc
     if gb:
         facts.append(Fact("expect", "graph_breaks_min: 1", gb[1], gb[0]))
         return {"graph_breaks_min": 1}
+    values = oracle.stated_values(lines, found, chosen)
+    claim = oracle.wrong_result_claim(page.title, lines) or (values and "it states the right output")
+    if claim and oracle_out is not None:
+        prose = "\n".join(t for i, t in enumerate(lines) if i not in _code_lines(found))
+        pair = None if values else oracle.compared_pair(script, prose)
+        chosen_oracle = oracle.expected_value(values) if values else \
+            oracle.two_computations(pair, chosen.line) if pair else None
+        if chosen_oracle:
+            oracle_out.append(chosen_oracle)
+            facts.append(Fact("expect", f"stdout_contains: {oracle.WRONG!r}", chosen_oracle.line,
+                              f"oracle: {chosen_oracle.kind}: {chosen_oracle.words}; a wrong result ({claim})"))
+            return chosen_oracle.expect()
+    named = "oracle: observed output: " if claim else ""
     out = _page_output(found, chosen, script)
     if out:
         text, line = out
         facts.append(Fact("expect", f"stdout_contains_normalized: {text!r}", line,
-                          "the page's printed output, compared with whitespace normalized"))
+                          named + "the page's printed output, compared with whitespace normalized"))
         return {"stdout_contains_normalized": text}
     said = _comment_output(chosen)
     if said:
         text, line = said
         facts.append(Fact("expect", f"stdout_contains_normalized: {text!r}", line,
-                          "the output the script's comment says it printed"))
+                          named + "the output the script's comment says it printed"))
         return {"stdout_contains_normalized": text}
     warned = _page_warning(found, lines)
     if warned:
@@ -546,6 +567,12 @@ def _expect(page, lines, found, chosen, script, facts, fixups, env, *, same_torc
     if own:
         facts.append(Fact("expect", f"traceback_contains: {own!r}", chosen.line, "the script's own check"))
         return {"traceback_contains": own}
+    if claim and oracle_out is not None:
+        none = oracle.no_oracle(claim)
+        oracle_out.append(none)
+        facts.append(Fact("expect", f"stdout_contains: {oracle.NONE!r}", None, f"oracle: none: {none.words}; "
+                          "the judge gives the verdict error"))
+        return none.expect()
     facts.append(Fact("expect", "exit_code: 1", None, "no traceback, crash or output on the page and no check in "
                       "the script: reproduced when the script fails", default=True))
     return {"exit_code": 1}

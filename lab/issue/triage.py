@@ -148,7 +148,10 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
             note("run", f"the newest release for {arch}: torch {latest}")
             state.newest_run = keyed(run(state.scenario, latest, arch), latest)
         state.save(path)
-    if state.newest_run.verdict in ("reproduced", "error", "timeout") or state.newest_run.torch == state.page_run.torch:
+    # Only a run that says the bug is gone is a fix to bisect toward: a failure of another kind on the
+    # newest release (failed_differently: an API it removed, another exception) makes a boundary that is
+    # not the bug's, and error or timeout say nothing (issue 28).
+    if state.newest_run.verdict != "not_reproduced" or state.newest_run.torch == state.page_run.torch:
         return _finish(state, path, compare)
     if state.bisect is None:
         note("bisect", f"between {state.page_run.torch} and {state.newest_run.torch}")
@@ -233,6 +236,9 @@ def summary_lines(state: TriageState) -> list[str]:
                              + f", not torch ({b.blame_fix})."))
         elif b:
             lines.append(f"The bisection did not find the release: {b.status}. {b.summary}".strip())
+    elif new.verdict == "failed_differently":
+        lines.append(f"Failed differently on torch {new.torch}, the newest release for {new.arch} ({new.reason}): "
+                     "not the page's failure and not a fix, so fixed or not is unknown and nothing is bisected.")
     else:
         lines.append(f"No verdict on torch {new.torch} ({new.verdict}: {new.reason}), so fixed or not is unknown.")
     return lines

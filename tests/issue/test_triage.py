@@ -62,6 +62,22 @@ def test_still_present_on_the_newest(tmp_path):
     assert "NOT fixed" in " ".join(summary_lines(state)) and state.bisect is None
 
 
+def test_a_different_failure_on_the_newest_is_not_a_fix_and_is_never_bisected(tmp_path):
+    # issue 28: the newest release fails for another reason (an API it removed): no boundary to bisect toward
+    def run(yaml, torch, arch):
+        if torch == "2.5.1":
+            return RunStep(torch, arch, "reproduced", run_dir="/r/old")
+        return RunStep(torch, arch, "failed_differently", reason="failed differently: expected stdout containing "
+                       "'should not run'; observed AttributeError", run_dir="/r/new")
+
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path), run=run,
+                       bisect=lambda *a: 1 / 0, newest=lambda arch: "2.15.0", compare=compare_seam())
+    assert state.bisect is None and state.newest_run.verdict == "failed_differently"
+    words = " ".join(summary_lines(state))
+    assert "Failed differently on torch 2.15.0" in words and "nothing is bisected" in words
+    assert "Fixed in" not in words and "fixed." not in words
+
+
 def test_compare_is_called_when_available(tmp_path):
     seen = []
 
