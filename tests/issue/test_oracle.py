@@ -14,7 +14,7 @@ from lab.core.results import Verdict
 from lab.issue import oracle
 from lab.issue.fetch import fetch_issue
 from lab.issue.infer import infer
-from lab.scenario.schema import Expect
+from lab.scenario.model import Expect
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "issues"
 
