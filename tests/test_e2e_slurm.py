@@ -204,3 +204,22 @@ def test_a_requeued_task_is_followed_to_its_verdict(tmp_path):
     assert proc.returncode == 0, stderr[-3000:]
     assert last_json(stdout)["verdict"] == "reproduced"
     assert f"Slurm job {task}: RUNNING" in stderr and "(requeued 1x)" in stderr, stderr[-3000:]
+
+
+def test_a_batch_triage_is_one_array_each_task_a_lab_triage_on_its_node(tmp_path):
+    """`lab triage --engine slurm:lab` of several pages: one `sbatch --array`, task i runs `lab triage
+    PAGE_i` on its node and writes that issue's folder; the summary is the same as a local batch's
+    (two pages that give no scenario: bad input each, named, and the batch's exit 2)."""
+    corpus = ROOT / "tests" / "data" / "issues"
+    pages = [str(corpus / "108747.md"), str(corpus / "121288.md")]
+    runs = tmp_path / "runs"
+    proc = run_lab("triage", *pages, "--engine", ENGINE, "--out", str(runs), "-o", str(tmp_path / "sc"), "--json")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "as one Slurm job array on partition lab" in proc.stderr
+    data = last_json(proc.stdout)
+    assert [(r["source"], r["status"]) for r in data["issues"]] == [(p, "bad_input") for p in pages]
+    assert "has no code block" in data["issues"][0]["error"]
+    (work,) = (runs / ".slurm").glob("triage-*")
+    jobs = {p.name.split("-", 1)[1].split("_")[0] for p in work.glob("slurm-*_*.out")}
+    assert len(jobs) == 1 and sorted(p.name for p in work.glob("exit-*")) == ["exit-0", "exit-1"]
+    assert not queued("triage")

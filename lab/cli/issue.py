@@ -25,7 +25,7 @@ from lab.image.resolve import resolve
 from lab.issue.fetch import fetch_issue
 from lab.issue.infer import infer
 from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run_triage, summary_lines
-from lab.issue.triage_batch import batch_folder, local_runner, read_sources, run_batch, triage_folder
+from lab.issue.triage_batch import batch_folder, local_runner, read_sources, run_batch, slurm_runner, triage_folder
 from lab.issue.write import report_json, write_inference, write_skeleton
 from lab.pipeline import run_case
 from lab.scenario.lookup import load_scenario
@@ -191,13 +191,14 @@ def _triage_batch(items: list[str], from_file: Path | None, output: Path | None,
             raise typer.BadParameter(f"--parallel must be 1 or more, not {at_once}", param_hint="--parallel")
         extra = [*(["--deps", deps] if deps else []), *(["--jobs", str(jobs)] if jobs else [])]
         rotate = names if len(names) > 1 else []
-        if not rotate:
+        partition = names[0].removeprefix("slurm:") if len(names) == 1 and names[0].startswith("slurm:") else None
+        if not rotate and partition is None:
             for e in engines or ():
                 extra += ["--engine", e]
         folder = batch_folder(runs_root, sources)
-        err.print(f"triage of {len(sources)} issues, up to {at_once} at once"
-                  + (f" on {len(rotate)} engines" if rotate else "") + f"; summary: {escape(str(folder))}",
-                  soft_wrap=True)
+        how = (f"as one Slurm job array on partition {escape(partition)}" if partition else
+               f"up to {at_once} at once" + (f" on {len(rotate)} engines" if rotate else ""))
+        err.print(f"triage of {len(sources)} issues, {how}; summary: {escape(str(folder))}", soft_wrap=True)
         err.print("run the same command again to resume: finished issues that did not change are reused",
                   soft_wrap=True)
         done = [0]
@@ -218,7 +219,8 @@ def _triage_batch(items: list[str], from_file: Path | None, output: Path | None,
                 if status is not None:
                     status.update(f"triage {done[0]}/{len(sources)}")
 
-        runner = local_runner(runs_root, output or Path("scenarios"), at_once, rotate, extra, started)
+        runner = (slurm_runner(runs_root, output or Path("scenarios"), partition, extra, started) if partition
+                  else local_runner(runs_root, output or Path("scenarios"), at_once, rotate, extra, started))
         if status is not None:
             status.start()
         try:

@@ -207,6 +207,9 @@ def _command(args: list[str], what: str, timeout: float = TIMEOUT_S) -> str:
     return proc.stdout
 
 
+command = _command  # Slurm's client commands, for the stages after the engine (issue.triage_batch)
+
+
 def partitions() -> list[Partition]:
     """This cluster's partitions, with their nodes."""
     return partitions_from(_command(["scontrol", "show", "partition", "-o"], "Slurm's partitions"),

@@ -17,9 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -30,6 +33,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lab.core import exitcodes as codes
+from lab.engine.slurm import POLL_S, TERMINAL, SlurmError, parse_squeue
+from lab.engine.slurm import command as slurm_command
 from lab.image.casekey import content_key
 from lab.image.resolve import resolve
 from lab.issue.fetch import IssueError
@@ -348,16 +353,115 @@ class LocalRunner:
         with open(job.folder / "triage.log", "w", encoding="utf-8") as log:
             proc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                   env={**os.environ, "COLUMNS": "200"})
-        error = ""
-        if proc.returncode != 0:
-            lines = (job.folder / "triage.log").read_text(encoding="utf-8", errors="replace").splitlines()
-            starts = [i for i, ln in enumerate(lines) if ln.startswith("error:")]
-            error = " ".join(x.strip() for x in lines[starts[-1]:])[6:].strip()[:1000] if starts else \
-                f"exit {proc.returncode} (see {job.folder / 'triage.log'})"
-        return JobOutcome(job, proc.returncode, error, engine)
+        return _outcome(job, proc.returncode, engine)
 
 
 def local_runner(runs_root: Path, scenarios: Path, parallel: int, engines: list[str] | None = None,
                  extra_args: list[str] | None = None,
                  on_start: Callable[[TriageJob, str | None], None] = lambda job, engine: None) -> Runner:
     return LocalRunner(runs_root, scenarios, parallel, list(engines or []), list(extra_args or []), on_start)
+
+
+# ----------------------------------------------------------------------------- on Slurm: one array
+
+@dataclass
+class SlurmRunner:
+    """The whole batch as one `sbatch --array` on a partition: task i runs `lab triage SOURCE_i` on its
+    node, with the node's local engine, writing its triage folder on the shared runs folder as a local
+    child does. The lab follows the tasks through `squeue`; a task that ends without its exit code
+    (a node failure, a preemption, a cancel by someone else) is an infrastructure failure for that
+    issue, never a verdict. Closing the generator (Ctrl-C) cancels the array."""
+
+    runs_root: Path
+    scenarios: Path
+    partition: str
+    extra_args: list[str] = field(default_factory=list)
+    on_start: Callable[[TriageJob, str | None], None] = lambda job, engine: None
+    cpus_per_task: int = 2
+
+    def __call__(self, jobs: list[TriageJob]) -> Iterator[JobOutcome]:
+        if not jobs:
+            return
+        work = self.runs_root / ".slurm" / f"triage-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        work.mkdir(parents=True)
+        work.chmod(0o700)  # the task script is code to the node's lab: the user's alone
+        (work / "sources.txt").write_text("".join(f"{job.source}\n" for job in jobs), encoding="utf-8")
+        for job in jobs:
+            job.folder.mkdir(parents=True, exist_ok=True)
+        folders = work / "folders.txt"
+        folders.write_text("".join(f"{job.folder}\n" for job in jobs), encoding="utf-8")
+        command = [sys.executable, "-m", "lab", "-q", "triage", "--out", str(self.runs_root),
+                   "--output", str(self.scenarios), "--json", "--engine", "local", *self.extra_args]
+        script = work / "task.sh"
+        script.write_text(
+            "#!/bin/sh\n# one issue of the batch: line SLURM_ARRAY_TASK_ID+1 of sources.txt\n"
+            f"cd {shlex.quote(str(work))} || exit 3\n"
+            'n=$((SLURM_ARRAY_TASK_ID + 1))\n'
+            'source=$(sed -n "${n}p" sources.txt)\n'
+            'folder=$(sed -n "${n}p" folders.txt)\n'
+            f'{shlex.join(command)} "$source" >/dev/null 2>"$folder/triage.log"\n'
+            'code=$?\n'
+            'echo "$code" > "exit-$SLURM_ARRAY_TASK_ID.tmp" && mv "exit-$SLURM_ARRAY_TASK_ID.tmp" '
+            '"exit-$SLURM_ARRAY_TASK_ID"\n', encoding="utf-8")
+        script.chmod(0o700)
+        job_id = slurm_command(["sbatch", "--parsable", f"--array=0-{len(jobs) - 1}", f"--partition={self.partition}",
+                                "--job-name=lab-triage", f"--chdir={work}", f"--output={work}/slurm-%A_%a.out",
+                                f"--cpus-per-task={self.cpus_per_task}", "--requeue", "--export=ALL", str(script)],
+                               "sbatch").strip().split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch answered {job_id!r}, not a job id.")
+        where = f"slurm:{self.partition} job {job_id}"
+        for job in jobs:
+            self.on_start(job, f"{where}_{jobs.index(job)}")
+        left = dict(enumerate(jobs))
+        gone_since: float | None = None
+        try:
+            while left:
+                try:
+                    states = parse_squeue(slurm_command(["squeue", "-h", "-r", "-j", job_id, "--states=all",
+                                                         "-o", "%i|%T|%N|%r"], "squeue"))
+                except SlurmError:
+                    states = {}
+                for index in sorted(left):
+                    exit_file = work / f"exit-{index}"
+                    state = states.get(index)
+                    if exit_file.is_file() and (state is None or state.state in TERMINAL):
+                        yield _outcome(left.pop(index), int(exit_file.read_text().strip() or 3), where)
+                    elif state is not None and state.state in TERMINAL and not exit_file.is_file():
+                        time.sleep(POLL_S)  # the shared filesystem may show the file a moment late
+                        if not exit_file.is_file():
+                            job = left.pop(index)
+                            yield JobOutcome(job, codes.INFRASTRUCTURE, f"Slurm job {job_id}_{index} ended "
+                                             f"{state.state} on {state.node} before its triage finished: an "
+                                             "infrastructure failure, not a verdict", where)
+                if not states and left:
+                    gone_since = gone_since or time.monotonic()
+                    if time.monotonic() - gone_since > 30:  # squeue forgot them without an exit code
+                        for index in sorted(left):
+                            yield JobOutcome(left.pop(index), codes.INFRASTRUCTURE,
+                                             f"Slurm job {job_id}_{index} is no longer known to squeue and "
+                                             "left no exit code", where)
+                else:
+                    gone_since = None
+                if left:
+                    time.sleep(POLL_S)
+        finally:
+            if left:  # Ctrl-C, or the caller stopped early: nothing of the batch keeps running
+                subprocess.run(["scancel", job_id], capture_output=True, timeout=20)
+
+
+def _outcome(job: TriageJob, code: int, where: str | None) -> JobOutcome:
+    """A `lab triage` child's end: its exit code and, unless 0, the last error paragraph of its log."""
+    error = ""
+    if code != 0:
+        lines = (job.folder / "triage.log").read_text(encoding="utf-8", errors="replace").splitlines() \
+            if (job.folder / "triage.log").is_file() else []
+        starts = [i for i, ln in enumerate(lines) if ln.startswith("error:")]
+        error = " ".join(x.strip() for x in lines[starts[-1]:])[6:].strip()[:1000] if starts else \
+            f"exit {code} (see {job.folder / 'triage.log'})"
+    return JobOutcome(job, code, error, where)
+
+
+def slurm_runner(runs_root: Path, scenarios: Path, partition: str, extra_args: list[str] | None = None,
+                 on_start: Callable[[TriageJob, str | None], None] = lambda job, engine: None) -> Runner:
+    return SlurmRunner(runs_root, scenarios, partition, list(extra_args or []), on_start)
