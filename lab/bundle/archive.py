@@ -97,6 +97,7 @@ from lab.core.safetar import (
     safe_extract,
 )
 from lab.core.scrub import is_secret_name, scrub_text, secret_values
+from lab.core.tarwrite import gzipped_tar, tar_info
 
 MAX_SCRUB_BYTES = 256 << 20     # a text file larger than this is left out rather than read whole
 COMPRESSLEVEL = 6
@@ -485,21 +486,12 @@ class _HashCheck(io.RawIOBase):
         return len(data)
 
 
-def _tarinfo(name: str, size: int, mode: int, mtime: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = size, mode, mtime
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
 def _write_archive(target: Path, root: str, manifest_bytes: bytes, items: list[_Planned], mtime: int) -> None:
-    with target.open("wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=COMPRESSLEVEL, mtime=mtime) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-        tar.addfile(_tarinfo(f"{root}/{MANIFEST_NAME}", len(manifest_bytes), 0o644, mtime), io.BytesIO(manifest_bytes))
+    with target.open("wb") as raw, gzipped_tar(raw, mtime=mtime, compresslevel=COMPRESSLEVEL) as tar:
+        tar.addfile(tar_info(f"{root}/{MANIFEST_NAME}", tarfile.REGTYPE, 0o644, len(manifest_bytes), mtime=mtime),
+                    io.BytesIO(manifest_bytes))
         for item in items:
-            info = _tarinfo(f"{root}/{item.path}", item.size, item.mode, mtime)
+            info = tar_info(f"{root}/{item.path}", tarfile.REGTYPE, item.mode, item.size, mtime=mtime)
             if item.data is not None:
                 tar.addfile(info, io.BytesIO(item.data))
                 continue

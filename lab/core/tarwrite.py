@@ -8,6 +8,7 @@ reading tars is lab.core.safetar's job."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import os
 import queue
@@ -28,10 +29,19 @@ def stream_tar(out: BinaryIO) -> tarfile.TarFile:
     return tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT)
 
 
-def tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
-    """A tar entry with normalised metadata: owner root, no names, mtime 0."""
+@contextlib.contextmanager
+def gzipped_tar(raw: BinaryIO, *, mtime: int, compresslevel: int) -> Iterator[tarfile.TarFile]:
+    """A tar written into a gzip stream on `raw` (a bundle): PAX format, the gzip header's own time
+    and name fixed, so the same entries give the same bytes."""
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=mtime) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        yield tar
+
+
+def tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "", mtime: int = 0) -> tarfile.TarInfo:
+    """A tar entry with normalised metadata: owner root, no names, mtime 0 (or the one given)."""
     info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
+    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, mtime
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
