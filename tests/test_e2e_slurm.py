@@ -24,6 +24,13 @@ from tests.test_e2e_local import _stand_in_torch, needs_bwrap
 pytestmark = [pytest.mark.slurm, pytest.mark.local, pytest.mark.timeout(900), needs_bwrap]
 
 ARCH = "arm64" if platform.machine() in ("aarch64", "arm64") else "amd64"
+
+
+@pytest.fixture(autouse=True)
+def _local_engine_on_the_nodes(monkeypatch):
+    """The stand-in releases run on the nodes' local engine; this host's node also has a Docker engine,
+    which `auto` would pick (test_a_node_with_docker_runs_the_case_on_it says so)."""
+    monkeypatch.setenv("LAB_SLURM_NODE_ENGINE", "local")
 ENGINE = "slurm:lab"
 
 
@@ -223,3 +230,21 @@ def test_a_batch_triage_is_one_array_each_task_a_lab_triage_on_its_node(tmp_path
     jobs = {p.name.split("-", 1)[1].split("_")[0] for p in work.glob("slurm-*_*.out")}
     assert len(jobs) == 1 and sorted(p.name for p in work.glob("exit-*")) == ["exit-0", "exit-1"]
     assert not queued("triage")
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("cpu_torch")
+def test_a_node_with_docker_runs_the_case_on_it(tmp_path, monkeypatch):
+    """A node that has a Docker engine runs its task as the Docker engine does (LAB_SLURM_NODE_ENGINE:
+    `auto` picks it where it answers, as on this host's node): the amd64 control case (the machine's CPU
+    torch, tests/cpu_torch.py) gets its verdict in a container, recorded as the Docker engine's."""
+    from tests.cpu_torch import TORCH
+    monkeypatch.setenv("LAB_SLURM_NODE_ENGINE", "auto")
+    runs = tmp_path / "runs"
+    proc = run_lab("run", "libgomp-amd64", *TORCH.args, "--engine", ENGINE, "--out", str(runs), "--no-diagnose",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["verdict"] == "not_reproduced" and result["evidence"]["duplicate_runtimes"] == []
+    assert result["engine"]["kind"] == "docker" and result["image"]["tag"], result["engine"]
+    assert "Slurm job" in proc.stderr and len(arrays(runs)) == 1

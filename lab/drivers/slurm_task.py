@@ -21,11 +21,25 @@ from dataclasses import replace
 from pathlib import Path
 
 from lab.core.errors import EngineError, LabError
-from lab.engine.engines import connect, parse_spec
+from lab.engine.engines import connect, current_spec, parse_spec
+from lab.engine.protocol import Engine
 from lab.image.hostpip import discover
 from lab.pipeline import run_case
 
 log = logging.getLogger("lab.slurm_task")
+
+
+def node_engine(choice: str, local_options) -> Engine:
+    """The engine that runs the case on this node: its Docker engine (`docker`; `auto` where one
+    answers here), else its local engine (uv venv, bubblewrap)."""
+    if choice in ("docker", "auto"):
+        try:
+            return connect(current_spec())  # the Docker engine the docker CLI would use on this node
+        except EngineError as exc:
+            if choice == "docker":
+                raise
+            log.info("no Docker engine answers on this node (%s): the local engine runs the case", exc.message)
+    return connect(replace(parse_spec("local", "slurm"), options=local_options))
 
 
 def run_task(folder: Path, index: int) -> int:
@@ -42,7 +56,7 @@ def run_task(folder: Path, index: int) -> int:
     def events(stage: str, message: str) -> None:
         log.info("[%s] %s", stage, message)
 
-    engine = connect(replace(parse_spec("local", "slurm"), options=task["local"]))  # this node's local engine
+    engine = node_engine(task.get("node_engine", "local"), task["local"])
 
     def stop(signum, frame) -> None:  # scancel, preemption, the time limit: end the sandboxed run too
         log.error("signal %d: ending the run", signum)

@@ -48,6 +48,7 @@ PREFIX = "slurm:"
 GATHER_S = 0.25     # cases handed over within this window of each other go into one array
 POLL_S = 0.5
 TIMEOUT_S = 20      # for one scontrol/squeue/sbatch command
+NODE_ENGINES = ("auto", "docker", "local")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"}
 _ARCHES = {"amd64": "amd64", "x86_64": "amd64", "arm64": "arm64", "aarch64": "arm64"}
@@ -278,7 +279,8 @@ class SlurmEngine(LocalEngine):
     kind = SLURM
 
     def __init__(self, partition: str, options: LocalOptions | None = None, *,
-                 cpus_per_task: int | None = None, cache: str | None = None, python: str | None = None) -> None:
+                 cpus_per_task: int | None = None, cache: str | None = None, python: str | None = None,
+                 node_engine: str | None = None) -> None:
         super().__init__(options)
         self.partition = partition
         self.name = PREFIX + partition
@@ -286,6 +288,12 @@ class SlurmEngine(LocalEngine):
         self.cpus_per_task = cpus_per_task or int(os.environ.get("LAB_SLURM_CPUS", "2"))
         self.cache = cache or os.environ.get("LAB_SLURM_CACHE")
         self.python = python or sys.executable
+        # What runs a task on its node (LAB_SLURM_NODE_ENGINE): `auto`, the node's Docker engine where
+        # one answers there and else the local engine; `docker`, the node's Docker engine (with QEMU,
+        # so the partition also takes the arch it emulates); `local`, the local engine only.
+        self.node_engine = node_engine or os.environ.get("LAB_SLURM_NODE_ENGINE", "auto")
+        if self.node_engine not in NODE_ENGINES:
+            raise SlurmError(f"LAB_SLURM_NODE_ENGINE={self.node_engine!r}: choose one of {', '.join(NODE_ENGINES)}.")
         self._facts: Partition | None = None
         self._jobs: list[str] = []
         self._open: _Array | None = None
@@ -333,7 +341,7 @@ class SlurmEngine(LocalEngine):
         return answers()
 
     def check_native(self, arch: Arch, what: str) -> None:
-        if arch not in self.native_arches:
+        if arch not in self.native_arches and not self.emulates:
             raise SlurmError(f"partition {self.partition} has no {arch.value} nodes ({what} is {arch.value}).",
                              hint="Name a partition whose nodes declare that arch as a feature (see `lab engines`).")
 
@@ -350,7 +358,10 @@ class SlurmEngine(LocalEngine):
 
     @property
     def emulates(self) -> bool:
-        return False  # the node's local engine runs its own arch only
+        # the local engine runs its node's own arch only; a node's Docker engine, declared with
+        # LAB_SLURM_NODE_ENGINE=docker, runs the other arch under QEMU (marked emulated as anywhere)
+        return self.node_engine == "docker"
+
 
     @property
     def keeps_images(self) -> bool:
@@ -378,6 +389,7 @@ class SlurmEngine(LocalEngine):
         RunOutcome, read back from what the task wrote. SlurmTaskLost when the task ended without one."""
         del host  # the node reads its own pip settings: nothing of the host's credentials is written down
         task = {"case": case, "runs_root": str(runs_root), "options": options, "local": self.options,
+                "node_engine": self.node_engine,
                 "cache": self.cache}
         with self._gather:
             if self._open is None:
