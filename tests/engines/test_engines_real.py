@@ -41,7 +41,10 @@ def test_lab_engines_lists_every_engine_with_its_facts_and_skips_the_dead_one(en
     proc = lab(engines, "engines", "--json", "--engine", "second", "--engine", "over-ssh", "--engine", NOWHERE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {e["name"]: e for e in last_json(proc.stdout)["engines"]}
-    assert set(found) == {"default", "second", "over-ssh", "local", NOWHERE}
+    # and every partition of a Slurm that answers here (issue 31: bin/setup-slurm's cluster on this host)
+    partitions = {n for n in found if n.startswith("slurm:")}
+    assert set(found) - partitions == {"default", "second", "over-ssh", "local", NOWHERE}
+    assert all(found[n]["kind"] == "slurm" and found[n]["reachable"] for n in partitions), partitions
     # the built-in local engine (this host, no containers) is listed too, and never a Docker engine
     assert found["local"]["kind"] == "local" and found["local"]["url"] == "local://", found["local"]
     assert all(found[n]["kind"] == "docker" for n in ("default", "second", "over-ssh"))
