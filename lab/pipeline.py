@@ -132,6 +132,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
     if (note := mark_run(runs_root, run_dir)) is not None:  # a probe's or a rung's folder, made by its driver
         logging.getLogger("lab").warning(note)
     write_context_folder(run_dir, plan)  # `docker build .` works in the run folder
+    report.write_site_readme(run_dir, plan)
     if depset is not None:
         (run_dir / DEPS_LOCK).write_text(depset.lock_text(case.torch))
     report.write_scenario(run_dir, case, None)

@@ -30,12 +30,10 @@ from lab.core.errors import ScenarioError
 from lab.core.hashing import HashingWriter
 from lab.core.records import Events, no_events
 from lab.core.resources import RUNNER_NAME, runner_source, template_loader
-from lab.core.scrub import redact_secrets
 from lab.core.tarwrite import add_bytes, add_dir, add_file, stream_tar
 from lab.image import layout, wheelsonly
 from lab.image.crossinstall import (
     FREEZE_FILE,
-    VENV_IN_IMAGE,
     Installer,
     Site,
     install_with_uv,
@@ -311,28 +309,6 @@ def context_files(case: Case, dockerfile: str, host: HostPip, site: Site | None 
     return tuple(sorted(files, key=lambda f: f.arcname))
 
 
-def site_readme(plan: BuildPlan) -> str:
-    """site/README.md of a run folder: where the venv's packages came from, and how to use them."""
-    site, case = plan.site, plan.case
-    lines = ["# site/: the venv's packages, installed on the host", "",
-             "The lab cross-installs the case's requirements",
-             f"({' '.join(case.requirements)}) with uv on the host, for the image's platform and Python,",
-             "into a tree laid out like the image's venv, and makes it an image of its own (FROM scratch).",
-             f"The Dockerfile copies that image into {VENV_IN_IMAGE} (`COPY --from=site`), so nothing",
-             "heavy runs under emulation.", "",
-             "A plain `docker build .` here leaves the build arg SITE at scratch: then pip installs",
-             "everything inside the image, the same requirements, only slower under QEMU.", ""]
-    if site is not None and site.root is not None:
-        lines += [f"For this run the lab stacked the tree on the image's own venv as one layer ({plan.site_image}-*,",
-                  "no COPY). To build with the tree below:",
-                  f"`tar -C {site.root} -c . | docker import --platform {case.arch.platform} - my-site`,",
-                  "then `docker build --build-arg SITE=my-site .`.", "",
-                  "```", site.lock_text.rstrip(), "```"]
-    else:
-        lines += [f"For this run nothing was cross-installed: {'; '.join(plan.notes) or 'no reason given'}."]
-    return "\n".join(lines) + "\n"
-
-
 def context_digest(files: tuple[ContextEntry, ...]) -> str:
     """The plan's identity: each file's path and content, each tree's path and stored digest."""
     sha = hashlib.sha256(f"torch-repro-lab context v{CONTEXT_FORMAT}\n".encode())
@@ -453,8 +429,7 @@ def write_context_folder(folder: Path, plan: BuildPlan) -> None:
             target.write_bytes(f.data)
         elif not f.arcname.startswith("wheels/"):
             target.write_bytes(f.source.read_bytes())  # type: ignore[union-attr]
-    (folder / SITE_DIR).mkdir(exist_ok=True)
-    (folder / SITE_DIR / "README.md").write_text(redact_secrets(site_readme(plan)))
+    (folder / SITE_DIR).mkdir(exist_ok=True)  # its README.md: lab.report.run_folder.write_site_readme
     if plan.host_wheels:
         (folder / "wheels" / "FROM-HOST.txt").write_text(
             "Copy these host wheels here before `docker build .`:\n" + "".join(f"{w}\n" for w in plan.host_wheels))

@@ -37,8 +37,11 @@ from lab.core.results import (
     UnfinishedRun,
 )
 from lab.core.runmarker import mark_run
+from lab.core.scrub import redact_secrets
 from lab.image.casekey import ContentKey
 from lab.image.era import DepSet, freeze_versions, pins_to_versions
+from lab.image.layout import VENV
+from lab.image.render import SITE_DIR, BuildPlan
 from lab.image.resolve import Case
 from lab.report.html import write_run_html
 from lab.report.writer import render
@@ -107,6 +110,33 @@ def resolved_scenario(case: Case, base: BaseImage | None) -> dict:
                                            "recipe": base.recipe},
     }
     return data
+
+
+@dataclass(frozen=True)
+class SiteReadme:
+    """What site/README.md (templates/site-readme.md.j2) is laid out from."""
+
+    requirements: str
+    venv: str
+    site_root: str | None     # the cross-installed tree, when there is one
+    site_image: str | None
+    platform: str
+    lock_text: str
+    notes: str
+
+
+def write_site_readme(run_dir: Path, plan: BuildPlan) -> None:
+    """site/README.md of a run folder: where the venv's packages came from, and how to build with
+    them (the folder is the build context of a plain `docker build .`, which leaves this file out).
+    Nothing of the host's secrets: the notes and the lock are redacted."""
+    site, case = plan.site, plan.case
+    root = str(site.root) if site is not None and site.root is not None else None
+    view = SiteReadme(requirements=" ".join(case.requirements), venv=VENV, site_root=root,
+                      site_image=plan.site_image, platform=case.arch.platform,
+                      lock_text=site.lock_text.rstrip() if root else "",
+                      notes="; ".join(plan.notes) or "no reason given")
+    (run_dir / SITE_DIR).mkdir(exist_ok=True)
+    (run_dir / SITE_DIR / "README.md").write_text(redact_secrets(render("site-readme.md.j2", view)))
 
 
 # The run folder doubles as a build context for `docker build .`; this keeps its outputs out.

@@ -14,7 +14,7 @@ from lab.image.render import (
     write_site_tar,
 )
 from lab.image.resolve import resolve
-from lab.report.run_folder import write_scenario
+from lab.report.run_folder import write_scenario, write_site_readme
 from lab.scenario.lookup import load_scenario
 from tests.conftest import SCENARIOS
 from tests.image.test_crossinstall import fake_installer
@@ -151,6 +151,7 @@ def test_the_run_folder_gets_an_empty_site_with_a_readme(tmp_path: Path, cache):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     write_context_folder(run_dir, p)
+    write_site_readme(run_dir, p)  # the report stage writes it, from its template
     write_scenario(run_dir, p.case, None)
     assert sorted(x.name for x in (run_dir / "site").iterdir()) == ["README.md"]
     readme = (run_dir / "site" / "README.md").read_text()
