@@ -241,7 +241,8 @@ def describe_local(spec: EngineSpec, engine: LocalEngine | None = None) -> Engin
 
 def describe_slurm(spec: EngineSpec, engine: SlurmEngine | None = None) -> EngineFacts:
     """A Slurm partition's facts (lab.engine.slurm): its nodes' arch, CPUs, memory and GPUs per node.
-    Its tasks run with the local engine on the node, so it emulates nothing."""
+    It emulates the other arch only when its nodes are declared to run Docker with QEMU
+    (LAB_SLURM_NODE_ENGINE=docker); with the local engine, or `auto`, it runs its own arch only."""
     try:
         engine = engine or SlurmEngine(spec.name[len(SLURM_PREFIX):])
         p = engine.facts()
@@ -254,9 +255,13 @@ def describe_slurm(spec: EngineSpec, engine: SlurmEngine | None = None) -> Engin
         return EngineFacts(spec.name, spec.url, spec.source, reachable=False, kind=SLURM, arch=arch,
                            reason=f"partition {p.name} is {p.state} with no usable node "
                                   f"({', '.join(f'{n.name} {n.state}' for n in p.nodes) or 'no nodes'})")
+    emulates = tuple(a for a in ("amd64", "arm64") if a not in p.arches) if engine.emulates else ()
+    confinement = {"docker": "each task: the Docker engine on its node (container; QEMU for the other arch)",
+                   "local": "each task: the local engine on its node (uv venv, bubblewrap)"}.get(
+        engine.node_engine, "each task: the Docker engine on its node where one answers, else the local engine")
     return EngineFacts(spec.name, spec.url, spec.source, reachable=True, arch=arch, cpus=p.cpus, memory=p.memory,
-                       gpu=p.gpus > 0, version=version, emulates=(), kind=SLURM, nodes=len(p.nodes), gpus=p.gpus,
-                       confinement="each task: the local engine on its node (uv venv, bubblewrap)")
+                       gpu=p.gpus > 0, version=version, emulates=emulates, kind=SLURM, nodes=len(p.nodes),
+                       gpus=p.gpus, confinement=confinement)
 
 
 def slurm_specs(source: str = "slurm") -> list[EngineSpec]:

@@ -3,6 +3,9 @@ bin/setup-slurm starts (tests/data/slurm/README.md)."""
 
 from __future__ import annotations
 
+import pytest
+
+from lab.core.arch import Arch
 from lab.engine.engines import EngineFacts, parse_spec
 from lab.engine.routing import routes
 from lab.engine.slurm import (
@@ -65,3 +68,32 @@ def test_slurm_spec_and_routing_by_arch():
              for p in captured()]
     assert [r.engine for r in routes("arm64", False, facts)] == ["slurm:lab-arm64"]
     assert [r.engine for r in routes("amd64", False, facts)] == ["slurm:lab"]
+
+
+def test_a_partition_whose_nodes_run_docker_takes_the_other_arch_emulated(monkeypatch):
+    """LAB_SLURM_NODE_ENGINE=docker declares Docker with QEMU on the nodes: the amd64 partition then also
+    takes an arm64 case, after the native arm64 partition and marked emulated; with the local engine
+    (or `auto`, which cannot know from here) it takes its own arch only."""
+    from lab.engine.engines import describe_slurm
+    from lab.engine.slurm import SlurmEngine, SlurmError
+    monkeypatch.setattr(SlurmEngine, "version", property(lambda self: "slurm-wlm 22.05.8"))
+    found = {p.name: p for p in captured()}
+
+    def facts(node_engine):
+        out = []
+        for name in ("lab-arm64", "lab"):
+            engine = SlurmEngine(name, node_engine=node_engine)
+            engine._facts = found[name]
+            out.append(describe_slurm(parse_spec(f"slurm:{name}", "config"), engine))
+        return out
+
+    docker = facts("docker")
+    assert docker[1].emulates == ("arm64",) and "Docker engine on its node" in docker[1].confinement
+    assert [(r.engine, r.emulated) for r in routes("arm64", False, docker)] == [("slurm:lab-arm64", False),
+                                                                               ("slurm:lab", True)]
+    for node_engine in ("local", "auto"):
+        assert [r.engine for r in routes("arm64", False, facts(node_engine))] == ["slurm:lab-arm64"]
+    engine = SlurmEngine("lab", node_engine="local")
+    engine._facts = found["lab"]
+    with pytest.raises(SlurmError, match="has no arm64 nodes"):
+        engine.check_native(Arch.ARM64, "a case")
