@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
@@ -218,7 +218,7 @@ def prepare_site(case: Case, host: HostPip, events: Events = no_events,
                          compile_bytecode=f"{sys.version_info[0]}.{sys.version_info[1]}" == target.python,
                          uv_cache=cache_dir("uv"), constraints=case.constraints)
         try:
-            site = ensure_site(job, installer or install_with_uv, events)
+            site = _unconstrained_if_same(job) or ensure_site(job, installer or install_with_uv, events)
         except (CrossInstallError, OSError) as exc:
             site = Site(target=target, root=None,
                         notes=(f"cross-install with uv failed for {target.label} ({exc}): "
@@ -226,6 +226,20 @@ def prepare_site(case: Case, host: HostPip, events: Events = no_events,
     for note in site.notes:
         events("site", note)
     return site
+
+
+def _unconstrained_if_same(job: InstallJob) -> Site | None:
+    """A replay's constraints (its original run's versions) change the site key; where this host
+    already has the tree of the same requirements without them, and it holds exactly the constrained
+    versions, that tree is the one (the same bytes, so a replay here rebuilds the very same image)."""
+    if not job.constraints:
+        return None
+    plain = load_site(cache_dir("site") / site_key(replace(job, constraints=())), job.target)
+    if plain is None or plain.pending:
+        return None
+    have = {canonicalize_name(p.name): p.version for p in plain.packages}
+    wanted = {canonicalize_name(c.split("==")[0]): c.split("==", 1)[1] for c in job.constraints}
+    return plain if all(have.get(name, version) == version for name, version in wanted.items()) else None
 
 
 def ensure_site(job: InstallJob, installer: Installer, events: Events = no_events) -> Site:

@@ -124,6 +124,17 @@ def test_real_uv_installs_exactly_the_constrained_versions(cache: Path, tmp_path
     assert [p.version for p in free.packages] != ["1.15.0"]  # today's six is newer
 
 
+def test_a_constrained_job_takes_the_plain_tree_when_it_has_exactly_those_versions(cache: Path):
+    """A replay on the host that made the run: the tree without constraints is already there with the
+    recorded versions, so it is the one (same bytes, same image); with other versions it is not."""
+    plain = job(("numpy",))
+    made = ensure_site(plain, fake_installer)  # fake==1.0
+    taken = crossinstall._unconstrained_if_same(dataclasses.replace(plain, constraints=("fake==1.0",)))
+    assert taken is not None and (taken.root, taken.digest) == (made.root, made.digest)
+    assert crossinstall._unconstrained_if_same(dataclasses.replace(plain, constraints=("fake==2.0",))) is None
+    assert crossinstall._unconstrained_if_same(plain) is None
+
+
 @pytest.mark.parametrize("script, expected", [
     (b"#!/root/.venv/bin/python\nimport x\n", b"#!/opt/venv/bin/python\nimport x\n"),
     (b"#!/bin/sh\n'''exec' '/a very/long path/bin/python' \"$0\" \"$@\"\n' '''\nimport x\n",
