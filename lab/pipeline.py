@@ -317,6 +317,32 @@ _timed = timed    # (the names tests and older callers use)
 _beside = beside
 
 
+def collect_env_for(case: Case, engine: Engine, host: HostPip, run_dir: Path, events: Events = no_events, *,
+                    keep_image: bool = False) -> str:
+    """`python -m torch.utils.collect_env` for a run that finished without it (a bisection's probe at the
+    boundary, issue 34), written into its folder's collect_env.txt. The case's image (or local venv) is
+    made again from what the run left in the cache (its site tree, uv's wheels), then removed again unless
+    `keep_image` or it was there before; the run folder's other files stay as they are."""
+    import tempfile
+
+    case, _ = era.apply(case, host, events)
+    with cache_policy.lease():
+        ready = engine.begin(case, events)
+        try:
+            plan = plan_for(case, engine, host, events)
+        except Exception:
+            with contextlib.suppress(Exception):
+                ready()
+            raise
+        with tempfile.TemporaryDirectory(prefix="lab-collect-env-") as scratch:
+            image = engine.prepare(case, plan, host, Path(scratch), events, ready=ready)
+            text = _collect_env(engine, image, case, events)
+            if not keep_image and not image.cached and image.local is None:
+                engine.discard(image.tag)
+    (run_dir / "collect_env.txt").write_text(text)
+    return text
+
+
 def _collect_env(engine: Engine, image: BuiltImage, case: Case, events: Events, background: bool = False) -> str:
     """`python -m torch.utils.collect_env` in the image. Its answer depends only on the image and the
     engine's host, so it is kept per (engine, image ID): a warm run of a cached image reads it back.

@@ -456,6 +456,9 @@ class Probe(Record):
     emulated: bool | None = None
     git_version: str | None = None      # torch.version.git_version of the probe's image
     different_failure: FailureSignatures | None = None   # failed_differently: expected vs observed
+    # the verdict was taken from an earlier run with the same content key (a `lab run`, a matrix cell,
+    # a triage's run, another bisection's probe): its folder; the release was not run again
+    reused_from: str | None = None
 
     @model_validator(mode="before")
     @classmethod

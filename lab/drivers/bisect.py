@@ -21,6 +21,11 @@ the same boundary.
 
 The search is deterministic: the same list, width and probe answers give the same probe
 order, so a resumed bisection asks for the same releases again.
+
+`prepare(versions)`, when given, is told before each round which releases the *next* round may ask
+for, whatever this round answers (both possible midpoints; with width S, the S picks of each of the
+S+1 parts this round leaves), nearest first, so the driver makes them ready (installs, site trees)
+while this round runs. It is a hint: it never changes which releases are probed.
 """
 
 from __future__ import annotations
@@ -71,8 +76,10 @@ class _Search:
     """One bisection: remembers every probe, asks each release at most once."""
 
     def __init__(self, versions: Sequence[str], probe: Callable[[str], Probe],
-                 probe_many: Callable[[list[str]], list[Probe]] | None = None) -> None:
+                 probe_many: Callable[[list[str]], list[Probe]] | None = None,
+                 prepare: Callable[[list[str]], None] | None = None) -> None:
         self.versions = list(versions)
+        self.prepare = prepare
         self.probe_fn = probe
         self.probe_many = probe_many or (lambda vs: [probe(v) for v in vs])
         self.seen: dict[int, Probe] = {}
@@ -135,13 +142,37 @@ class _Search:
             return untested
         return sorted({untested[max(0, (j + 1) * (n + 1) // (width + 1) - 1)] for j in range(width)})
 
+    def ahead(self, lo: int, hi: int, batch: Sequence[int], width: int) -> None:
+        """Tell `prepare` what the round after `batch` (probing inside (lo, hi)) may ask for: the picks
+        of each part the batch leaves, the parts nearest the batch's middle first."""
+        if self.prepare is None:
+            return
+        cuts = [lo, *sorted(batch), hi]
+        parts = [(cuts[j], cuts[j + 1]) for j in range(len(cuts) - 1)]
+        middle = (lo + hi) / 2
+        parts.sort(key=lambda part: abs((part[0] + part[1]) / 2 - middle))
+        known = set(self.seen) | set(batch)
+        later: list[int] = []
+        for a, b in parts:
+            untested = [i for i in range(a + 1, b) if i not in known]
+            n = len(untested)
+            if not n:
+                continue
+            picks = untested if width >= n else sorted(
+                {untested[max(0, (j + 1) * (n + 1) // (width + 1) - 1)] for j in range(width)})
+            later += [i for i in picks if i not in later]
+        if later:
+            self.prepare([self.versions[i] for i in later])
+
 
 def bisect(versions: Sequence[str], probe: Callable[[str], Probe], *, width: int = 1,
-           probe_many: Callable[[list[str]], list[Probe]] | None = None) -> BisectResult:
+           probe_many: Callable[[list[str]], list[Probe]] | None = None,
+           prepare: Callable[[list[str]], None] | None = None) -> BisectResult:
     """Find where the verdict changes between `versions[0]` and `versions[-1]` (oldest first).
 
     `width` releases are probed per round, through `probe_many(versions) -> probes` (in the same
-    order) when given, else one `probe` after another.
+    order) when given, else one `probe` after another. `prepare(versions)` hears, before each round,
+    what the next round may probe (see the module's docstring).
 
     Raises BisectError for fewer than two releases or repeated ones. Every other
     situation is a result: `found`, `ambiguous` (skips hide the exact boundary),
@@ -158,8 +189,11 @@ def bisect(versions: Sequence[str], probe: Callable[[str], Probe], *, width: int
         raise BisectError(f"the candidate releases repeat {', '.join(repeated)}; each must appear once.")
 
     width = max(1, width)
-    s = _Search(versions, probe, probe_many)
+    s = _Search(versions, probe, probe_many, prepare)
     last = len(versions) - 1
+    if prepare is not None:  # while the ends run: the new end (serial) and the first round inside
+        first = s.pick(0, last, width)
+        prepare([versions[i] for i in ([] if width > 1 else [last]) + first])
     if width > 1:
         s.ask([0, last])
     s.outcome(0)
@@ -187,6 +221,7 @@ def bisect(versions: Sequence[str], probe: Callable[[str], Probe], *, width: int
         return done(NO_CHANGE, **ends)
 
     while batch := s.pick(lo, hi, width):
+        s.ahead(lo, hi, batch, width)
         s.ask(batch)
         # the boundary lies after the last old answer before the first new one
         first_new = next((i for i in batch if s.seen[i].outcome == new_verdict), None)

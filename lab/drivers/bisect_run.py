@@ -7,12 +7,21 @@ same command, run again, asks for the same releases and reuses those answers, ea
 result.json records the content key the probe has now (lab.image.casekey: the scenario, script,
 expect, vars and `--set`, base, dependencies and the lab's templates and rules). A probe made from
 something else runs again, and the progress says why.
+
+Before it runs a release, a bisection looks for an earlier run of the very same case under the runs
+root (a `lab run`, a matrix cell, a triage's runs, another bisection's probes: lab.history.earlier)
+and takes its verdict, saying so in its notes and in the probe (`reused_from`). While a round runs,
+the releases the next round may ask for are made ready (lab.drivers.bisect_ahead), and under
+emulation two probes run at once on two cores. `collect_env` runs only for the boundary's two
+releases, once the boundary is known (`probe_details` asks for it, and the diagnose step's default,
+on every probe).
 """
 
 from __future__ import annotations
 
 import shlex
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +48,7 @@ from lab.core.results import (
     read_result,
 )
 from lab.drivers.bisect import BisectResult, Probe, bisect
+from lab.drivers.bisect_ahead import Prefetcher, emulated_width
 from lab.drivers.bisect_report import write_bisect_report
 from lab.drivers.blame import blame_boundary
 from lab.drivers.localize import is_compile_failure
@@ -47,12 +57,13 @@ from lab.drivers.parallel import EngineGone, on_engine, remove_containers, run_a
 from lab.engine.gpu import cpu_variant_hint
 from lab.engine.protocol import Engine
 from lab.engine.routing import Fleet, NoEngineError
+from lab.history.earlier import earlier_verdicts
 from lab.image import era, releases
 from lab.image.casekey import content_key
 from lab.image.crossinstall import target_for
 from lab.image.hostpip import HostPip
 from lab.image.resolve import base_python, parse_arch, resolve
-from lab.pipeline import RunCase
+from lab.pipeline import RunCase, collect_env_for, plan_for
 from lab.pipeline import run_case as production
 from lab.scenario.model import Scenario
 
@@ -134,20 +145,31 @@ class BisectRequest:
     failed_differently: str = SKIP
     localize: bool = True
     blame: bool = True
+    # issue 34: take verdicts of earlier runs with the same content key; make the next round ready
+    # while one runs; under emulation, one probe per core when --jobs is not given (`emulated_slots`);
+    # collect_env and the diagnose step's default on every probe, not only at the boundary
+    reuse: bool = True
+    prefetch: bool = True
+    emulated_slots: bool = True
+    probe_details: bool = False
 
 
 def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: Events = no_events, *,
                engine: Engine | None = None, fleet: Fleet | None = None,
                on_probe: Callable[[Probe, bool], None] | None = None,
                on_start: Callable[[list[str], Path, str], None] | None = None,
-               run_case: RunCase | None = None, candidates: Releases | None = None) -> BisectRun:
+               run_case: RunCase | None = None, candidates: Releases | None = None,
+               make_ready: Callable[[str], None] | None = None,
+               boundary_env: Callable[[Probe], None] | None = None) -> BisectRun:
     """Bisect `request.scenario` between the torch releases `request.old` and `request.new` on
     `request.arch`.
 
     `run_case` runs one probe (default: lab.pipeline.run_case) and `candidates` lists the releases
-    (default: the host's package index). `on_start(candidates, folder, resume)` is called once the
-    releases are known; `on_probe(probe, reused)` after each probe. Raises LabError for bad input or
-    when the engine itself fails.
+    (default: the host's package index). `make_ready(version)` makes a release ready ahead of its
+    probe and `boundary_env(probe)` collects a boundary probe's environment into its folder (default:
+    the engine's, with the default `run_case`; nothing with another one, unless given).
+    `on_start(candidates, folder, resume)` is called once the releases are known; `on_probe(probe,
+    reused)` after each probe. Raises LabError for bad input or when the engine itself fails.
 
     With a `fleet`, each round probes as many releases as the fleet has slots, each on the best
     engine that fits (k-ary bisection; see lab.drivers.bisect); a probe whose engine dies goes to
@@ -170,6 +192,7 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     pre, sets, keep_images, localize, blame = (request.pre, request.sets, request.keep_images, request.localize,
                                                request.blame)
     failed_differently = request.failed_differently
+    real = run_case is None
     if run_case is None:
         run_case = production
 
@@ -196,7 +219,13 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         wanted = content_key(resolve(scenario, torch=version, arch=arch, sets=sets))
         return wanted.differs(previous.content_key, previous.content_parts)
 
+    if fleet is not None and request.emulated_slots:  # one emulated probe per core (--jobs not given)
+        emulated_width(fleet, arch, scenario.gpu)
     parallel = fleet is not None and fleet.slots > 1
+    earlier, refused = {}, []
+    if request.reuse:
+        wanted = {v: content_key(resolve(scenario, torch=v, arch=arch, sets=sets)).digest for v in found}
+        earlier, refused = earlier_verdicts(runs_root, scenario.name, arch, wanted, exclude=folder)
     lock = threading.Lock()  # the cache cap and the callbacks, one probe at a time
     keeper = None
     if scenario.expect.exit_code_only:
@@ -214,8 +243,9 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         name = getattr(on, "name", None)
         say("bisect", f"probing torch {version} ({case.name})" + (f" on engine {name}" if fleet else ""))
         try:
-            outcome = run_case(case, on, host, runs_root, say, run_dir=run_dir, diagnose=False,
-                               collect_env=False)
+            outcome = run_case(case, on, host, runs_root, say, run_dir=run_dir,
+                               diagnose=None if request.probe_details else False,
+                               collect_env=request.probe_details)
             if outcome.result.verdict.value in ("error", "timeout") and fleet is not None and not on.alive():
                 raise EngineGone(f"the engine {on.name} stopped answering ({outcome.result.reason})")
             p = _probe_from(version, outcome.result, run_dir, failed_differently=failed_differently)
@@ -250,6 +280,21 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                         on_probe(p, True)
                 return p
             events("bisect", f"probe {version} runs again: {why}")
+        if version in earlier:
+            took = earlier[version]
+            p = _probe_from(version, took.result, took.run_dir, failed_differently=failed_differently)
+            p = p.model_copy(update={"reused_from": str(took.run_dir)})
+            if keeper is not None:
+                with lock:
+                    p = keeper.check(p, took.result, failed_differently)
+            events("bisect", f"torch {version}: {p.verdict}, taken from the earlier run {took.run_dir} "
+                             "(the same content key); not run again")
+            if on_probe:
+                with lock:
+                    on_probe(p, True)
+            return p
+        if ahead is not None:
+            ahead.forget(version)
         if fleet is None:
             assert engine is not None
             p = attempt(version, run_dir, engine, None, events)
@@ -272,10 +317,59 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     def probe_many(versions: list[str]) -> list[Probe]:
         return run_all(versions, probe, workers=width, on_interrupt=lambda: remove_containers(engines))
 
+    def made_ready(version: str) -> None:
+        """What the probe of `version` needs before it runs (lab.drivers.bisect_ahead)."""
+        on = engine if fleet is None else fleet.engine(fleet.routes(arch, scenario.gpu)[0].engine)
+        assert on is not None
+        case = resolve(scenario, torch=version, arch=arch, sets=sets)
+        say = _prefixed(events, f"[ahead: torch {version}] ")
+        if on.cross_installs:  # Docker: the base in a thread, the site tree from uv on the host
+            ready = on.begin(case, say)
+            try:
+                plan_for(case, on, host, say)
+            finally:
+                ready()
+        else:  # the local engine: its venv, made by uv and cached by its requirements
+            with tempfile.TemporaryDirectory(prefix="lab-ahead-") as scratch:
+                on.prepare(case, plan_for(case, on, host, say), host, Path(scratch), say)
+
+    def env_at_boundary(p: Probe) -> None:
+        case = resolve(scenario, torch=p.version, arch=arch, sets=sets)
+        say = _prefixed(events, f"[torch {p.version}] " if width > 1 else "")
+
+        def go(on: Engine, emulated: bool | None = None) -> None:
+            collect_env_for(case, on, host, Path(str(p.run_dir)), say, keep_image=keep_images)
+        go(engine) if fleet is None else on_engine(fleet, arch, scenario.gpu, f"collect_env of torch {p.version}",
+                                                   go, say)
+
+    if make_ready is None and real:
+        make_ready = made_ready
+    if boundary_env is None and real:
+        boundary_env = env_at_boundary
+
+    def ahead_of(versions: list[str]) -> None:
+        todo = [v for v in versions if v not in earlier and _finished(folder / f"torch{v}") is None]
+        if ahead is not None:
+            ahead.ask(todo)
+
+    ahead = Prefetcher(make_ready, events) if request.prefetch and make_ready is not None else None
     # One lease for the whole bisection: what its probes use (anchors, sites, uv's wheels) stays
     # while it runs; the runs leave the cap to the probe loop above.
-    with cache_policy.lease(), cache_policy.deferred():
-        searched = bisect(found, probe, width=width, probe_many=probe_many)
+    try:
+        with cache_policy.lease(), cache_policy.deferred():
+            searched = bisect(found, probe, width=width, probe_many=probe_many,
+                              prepare=ahead_of if ahead is not None else None)
+            if not request.probe_details and boundary_env is not None:
+                searched = _boundary_env(searched, folder, boundary_env, events, width)
+    finally:
+        if ahead is not None:
+            ahead.close()
+    reused = [p for p in searched.steps if p.reused_from]
+    if reused or refused:
+        searched = searched.model_copy(update={"notes": (*searched.notes, *(
+            f"torch {p.version}: {p.verdict}, taken from {p.reused_from} (an earlier run with the same content "
+            "key); not run again" for p in reused), *(
+            f"not reused: {why}" for why in refused[:10]))})
     if fleet is not None and fleet.down:
         searched = searched.model_copy(update={"notes": (*searched.notes, *(
             f"engine {name} {why}" for name, why in fleet.down.items()))})
@@ -371,6 +465,39 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
     if found.get("blame_summary"):
         events("blame", found["blame_summary"])
     return found
+
+
+def _prefixed(events: Events, prefix: str) -> Events:
+    def say(stage: str, message: str) -> None:
+        events(stage, prefix + message)
+    return say
+
+
+ENV_NAME = "collect_env.txt"
+
+
+def _boundary_env(result: BisectResult, folder: Path, collect: Callable[[Probe], None], events: Events,
+                  width: int) -> BisectResult:
+    """collect_env for the boundary's two releases only (issue 34: the probes run without it), into the
+    probe folders this bisection made (an earlier run it reused keeps its own); both at once when the
+    bisection had two slots. A release whose environment cannot be collected is a note: the boundary
+    stands."""
+    if result.status not in (FOUND, AMBIGUOUS) or not result.last_old or not result.first_new:
+        return result
+    steps = {p.version: p for p in result.steps}
+    todo = [steps[v] for v in (result.last_old, result.first_new) if v in steps and steps[v].run_dir
+            and not steps[v].reused_from and Path(str(steps[v].run_dir)).parent == folder
+            and not (Path(str(steps[v].run_dir)) / ENV_NAME).exists()]
+    notes: list[str] = []
+
+    def one(p: Probe) -> None:
+        events("bisect", f"torch {p.version}: collect_env, at the boundary")
+        try:
+            collect(p)
+        except LabError as exc:
+            notes.append(f"collect_env of torch {p.version} at the boundary failed: {str(exc).splitlines()[0][:200]}")
+    run_all(todo, one, workers=min(max(width, 1), 2))
+    return result.model_copy(update={"notes": (*result.notes, *notes)}) if notes else result
 
 
 def at_the_boundary(result: BisectResult) -> BisectResult:

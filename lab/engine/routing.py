@@ -137,6 +137,14 @@ class Fleet:
     def engine(self, name: str) -> Engine:
         return self.engines[name]
 
+    def widen(self, name: str, slots: int) -> None:
+        """Let engine `name` run `slots` cases at once, when that is more than its share (a bisection
+        of emulated probes, each one core: lab.drivers.bisect_ahead)."""
+        with self._cond:
+            if name in self.capacity and slots > self.capacity[name]:
+                self.capacity[name] = slots
+                self._cond.notify_all()
+
     def routes(self, arch: str, gpu: bool, what: str = "the case", gpu_hint: str | None = None) -> list[Route]:
         usable = [f if f.name not in self.down else
                   EngineFacts(f.name, f.url, f.source, reachable=False, reason=self.down[f.name])

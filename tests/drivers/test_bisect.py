@@ -267,7 +267,8 @@ def test_to_json_matches_design_contract():
     assert data["steps"][0] == {"torch": "1.0.0", "verdict": "not_reproduced", "outcome": "not_reproduced",
                                 "reason": "", "evidence": "evidence of 1.0.0", "run_dir": "runs/1.0.0",
                                 "build_s": None, "run_s": None, "total_s": None, "engine": None,
-                                "emulated": None, "git_version": None, "different_failure": None}
+                                "emulated": None, "git_version": None, "different_failure": None,
+                                "reused_from": None}
     assert {"torch": "1.3.0", "verdict": "error"}.items() <= next(
         s for s in data["steps"] if s["torch"] == "1.3.0").items()
     assert data["skipped"] == ["1.3.0"]

@@ -1,0 +1,118 @@
+"""What a bisection does beside its probes (issue 34): the next round made ready while one runs, and
+two emulated probes at once on a machine whose cores an emulated script leaves idle.
+
+- `Prefetcher` runs, on one background thread, what makes a release ready to probe (on Docker: its
+  base and the site tree uv installs on the host; on the local engine: its venv), for the releases
+  lab.drivers.bisect says the next round may ask for. A new hint replaces what was not started yet;
+  what was started finishes (the probe that needs it waits on the cache entry's lock, never makes
+  it twice). A preparation that fails is only a note: the probe makes it again and says why. It
+  starts nothing while the cache is over three quarters of its cap at its last count, so what it
+  makes ahead never pushes the cache over its cap.
+- `emulated_width` is how many probes run at once when every engine that fits runs the arch
+  through QEMU: an emulated script keeps one core busy (one OpenBLAS thread, one compile thread), so
+  one probe per core, as memory allows (4 GiB each), instead of one per two cores.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from lab.cache_policy import inventory as cache_policy
+from lab.core.records import Events, no_events
+from lab.engine.engines import MEMORY_PER_SLOT
+from lab.engine.routing import Fleet, NoEngineError
+
+PREFETCH_SHARE = 0.75   # of the cap, at the last count: above it nothing is made ahead
+
+
+def room_ahead() -> bool:
+    """Whether the cache had room under its cap at its last count (unknown: yes)."""
+    counted = cache_policy.last_count()
+    return counted is None or counted[0] <= PREFETCH_SHARE * counted[1]
+
+
+class Prefetcher:
+    """One thread that makes releases ready ahead of their probes (see the module's docstring)."""
+
+    def __init__(self, make: Callable[[str], None], events: Events = no_events,
+                 room: Callable[[], bool] = room_ahead) -> None:
+        self.make = make
+        self.events = events
+        self.room = room
+        self.pending: list[str] = []
+        self.started: set[str] = set()
+        self.done: dict[str, float] = {}        # release -> seconds its preparation took
+        self.failed: dict[str, str] = {}
+        self.skipped_for_room: list[str] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, daemon=True, name="lab-bisect-prefetch")
+        self._thread.start()
+
+    def ask(self, versions: list[str]) -> None:
+        """Make these ready next, in this order; what was asked before and not started is dropped."""
+        with self._cond:
+            self.pending = [v for v in dict.fromkeys(versions) if v not in self.started]
+            self._cond.notify_all()
+
+    def forget(self, version: str) -> None:
+        """The probe of `version` starts now: it makes what it needs itself (or waits for the lock)."""
+        with self._cond:
+            if version in self.pending:
+                self.pending.remove(version)
+            self.started.add(version)
+
+    def close(self) -> None:
+        """Stop: what runs finishes, nothing new starts."""
+        with self._cond:
+            self._closed = True
+            self.pending = []
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self.pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                version = self.pending.pop(0)
+                self.started.add(version)
+            if not self.room():
+                self.skipped_for_room.append(version)
+                self.events("bisect", f"torch {version} not made ready ahead: the cache is near its cap")
+                continue
+            began = time.monotonic()
+            try:
+                self.make(version)
+            except Exception as exc:  # noqa: BLE001 - a hint that failed: the probe makes it again
+                self.failed[version] = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                self.events("bisect", f"torch {version} could not be made ready ahead ({self.failed[version]}); "
+                                      "its probe makes it")
+                continue
+            self.done[version] = round(time.monotonic() - began, 2)
+            self.events("bisect", f"torch {version} made ready ahead in {self.done[version]:.0f} s")
+
+
+def emulated_width(fleet: Fleet, arch: str, gpu: bool) -> int:
+    """Probes at once when every engine that fits runs `arch` through QEMU: one per core and 4 GiB
+    of each such engine (at least its own slots); else the fleet's slots."""
+    try:
+        found = fleet.routes(arch, gpu)
+    except NoEngineError:
+        return fleet.slots
+    if not found or any(not r.emulated for r in found):
+        return fleet.slots
+    facts = {f.name: f for f in fleet.facts}
+    width = 0
+    for route in found:
+        f = facts.get(route.engine)
+        if f is None or f.kind != "docker":
+            return fleet.slots
+        per_core = max(1, min(f.cpus or 1, (f.memory or MEMORY_PER_SLOT) // MEMORY_PER_SLOT))
+        fleet.widen(route.engine, per_core)
+        width += fleet.capacity.get(route.engine, 0)
+    return max(width, fleet.slots)
