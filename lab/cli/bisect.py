@@ -41,6 +41,13 @@ def bisect(
                                         "flips the verdict, or torch alone (default: when they differ).")] = True,
     trust_script: TrustOpt = False,
     deps: DepsOpt = None,
+    reuse: Annotated[bool, typer.Option("--reuse/--no-reuse", help="Take the verdicts of earlier runs of the "
+                                        "same case (same content key) under the runs folder: a `lab run`, a "
+                                        "matrix, a triage, another bisection.")] = True,
+    probe_details: Annotated[bool | None, typer.Option(
+        "--probe-details/--no-probe-details", help="Run collect_env and the diagnose step's default on every "
+        "probe (default: collect_env only for the boundary's two releases; config bisect.probe_details).",
+        show_default=False)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
@@ -51,7 +58,10 @@ def bisect(
         loaded = inputs.load(scenario, deps)
         request = BisectRequest(loaded, scenario, old_v, new_v, inputs.arch_for(loaded, arch), pre=pre,
                                 sets=inputs.parse_sets(sets or []), keep_images=keep_images,
-                                failed_differently=counted, localize=localize, blame=blame)
+                                failed_differently=counted, localize=localize, blame=blame, reuse=reuse,
+                                emulated_slots=jobs is None,
+                                probe_details=bool(inputs.settings()["bisect.probe_details"] if probe_details is None
+                                                   else probe_details))
         runs_root = inputs.runs_root(out_dir)
         fleet = routing.fleet(engines, jobs, "venv", trust_script)
         if len(fleet.engines) == 1:  # one engine: its refusals before the first probe
@@ -69,7 +79,8 @@ def bisect(
 
         def on_probe(probe, reused: bool) -> None:
             colour = COLOURS.get(probe.verdict, "bold")
-            note = " (from an earlier run)" if reused else ""
+            note = (f" (from {escape(probe.reused_from)})" if probe.reused_from else
+                    " (from an earlier run)" if reused else "")
             why = probe.evidence or probe.reason
             took = (f" ({probe.total_s:.0f} s: build {probe.build_s or 0:.0f} s, run {probe.run_s or 0:.0f} s)"
                     if probe.total_s is not None and not reused else "")

@@ -149,7 +149,9 @@ def triage(
         def bis(yaml_path: str, old: str, new: str, arch: str) -> BisectStep:
             loaded = inputs.with_deps(load_scenario(yaml_path), deps)
             with Progress() as progress:
-                run = run_bisect(BisectRequest(loaded, yaml_path, old, new, arch), host, runs_root, progress,
+                request = BisectRequest(loaded, yaml_path, old, new, arch, emulated_slots=jobs is None,
+                                        probe_details=bool(inputs.settings()["bisect.probe_details"]))
+                run = run_bisect(request, host, runs_root, progress,
                                  fleet=fleet)
             res = run.result
             return BisectStep(status=res.status, last_old=res.last_old, first_new=res.first_new,

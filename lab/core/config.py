@@ -139,6 +139,9 @@ KEYS: tuple[Key, ...] = (
     Key("local.bwrap", "LAB_BWRAP", str, "bwrap",
         "the bubblewrap the local engine confines scripts with: a command on PATH or a path; `off` runs "
         "without it, which needs `--trust-script`"),
+    Key("bisect.probe_details", "LAB_BISECT_PROBE_DETAILS", bool, False,
+        "whether every bisection probe runs collect_env and the diagnose step's default (true or false; "
+        "default false: collect_env only for the boundary's two releases; `--probe-details` asks for it once)"),
 )
 _BY_NAME = {k.name: k for k in KEYS}
 _TABLES = {name.split(".")[0] for name in _BY_NAME if "." in name}

@@ -285,3 +285,51 @@ def test_failed_differently_boundary_source_and_compare(tmp_path):
     counted = go(failed_differently="not_reproduced").result  # resumes from the folders
     assert counted.old_end == "2.3.0" and counted.failed_differently == "not_reproduced"
     assert counted.resume.endswith("--failed-differently not-reproduced")
+
+
+def test_verdicts_of_earlier_runs_are_taken_and_said(setup):
+    """Issue 34, item 3: the ends a `lab run` (or a matrix, a triage) already ran with the same content
+    key are not run again; the bisection says which, from which folder, and finds the same boundary."""
+    from tests.history.test_earlier import made
+    go, tmp = setup
+    from lab.scenario.lookup import load_scenario
+    loaded = load_scenario(tmp / "tiny.yaml", None)
+    old_dir, _ = made(tmp / "runs", loaded, "2.3.0", "reproduced")
+    new_dir, _ = made(tmp / "runs", loaded, "2.5.0", "not_reproduced")
+    made(tmp / "runs", loaded, "2.4.0", "reproduced", name="edited", evidence="not_reproduced")  # not believed
+    verdicts = {"2.3.0": "reproduced", "2.3.1": "reproduced", "2.4.0": "not_reproduced",
+                "2.4.1": "not_reproduced", "2.5.0": "not_reproduced"}
+    run, fake = go(verdicts)
+    assert (run.result.last_old, run.result.first_new) == ("2.3.1", "2.4.0")
+    assert "2.3.0" not in fake.ran and "2.5.0" not in fake.ran and "2.4.0" in fake.ran
+    reused = {p.version: p.reused_from for p in run.result.steps if p.reused_from}
+    assert reused == {"2.3.0": str(old_dir), "2.5.0": str(new_dir)}
+    notes = "\n".join(run.result.notes)
+    assert f"torch 2.3.0: reproduced, taken from {old_dir}" in notes and "not run again" in notes
+    assert "its result.json says reproduced, its evidence.json not_reproduced" in notes
+    assert str(old_dir) in (run.folder / "bisect.md").read_text()
+
+    fresh, fake2 = go(verdicts, **{})  # resumed: its own folders, the earlier runs still named
+    assert fake2.ran == [] and fresh.result.last_old == "2.3.1"
+
+
+def test_collect_env_only_at_the_boundary(tmp_path):
+    """Issue 34, item 4: collect_env runs for the boundary's two probes only, not for the others (the
+    probes themselves run without it: FakeRuns asserts that); the hints for the next round reach
+    `make_ready` (lab.drivers.bisect_ahead; which ones: tests/drivers/test_bisect_ahead.py)."""
+    scenario = tiny_scenario(tmp_path, BODY)
+    readied: list[str] = []
+    collected: list[str] = []
+    fake = FakeRuns({"2.3.0": "reproduced", "2.3.1": "reproduced", "2.4.0": "reproduced",
+                     "2.4.1": "not_reproduced", "2.5.0": "not_reproduced"})
+
+    def make_ready(version: str) -> None:
+        readied.append(version)
+
+    run = bisect_run.run_bisect(bisect_run.BisectRequest(scenario, "b", "2.3.0", "2.5.0"), engine=FakeEngine(),
+                                host=HostPip(), runs_root=tmp_path / "runs", run_case=fake, candidates=releases,
+                                make_ready=make_ready, boundary_env=lambda p: collected.append(p.version))
+    assert (run.result.last_old, run.result.first_new) == ("2.4.0", "2.4.1")
+    assert sorted(collected) == ["2.4.0", "2.4.1"]
+    assert set(fake.ran) - set(collected)  # probes that are not the boundary: no collect_env
+    assert set(readied) <= set(VERSIONS)

@@ -1,0 +1,109 @@
+"""Issue 34, item 2: what a bisection makes ready while a round runs (lab.drivers.bisect's `prepare`
+hints and lab.drivers.bisect_ahead's Prefetcher), and how many emulated probes run at once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lab.drivers.bisect import Probe, bisect
+from lab.drivers.bisect_ahead import Prefetcher, emulated_width
+from lab.engine.engines import EngineFacts
+from lab.engine.routing import Fleet
+
+GiB = 1024**3
+
+
+def versions(k: int) -> list[str]:
+    return [f"1.{i}.0" for i in range(k)]
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+@pytest.mark.parametrize("k", [3, 5, 8, 13, 21])
+def test_every_round_after_the_first_was_announced_a_round_ahead(k, width):
+    """No round waits for a preparation that could have started earlier: each release a round probes
+    was named by `prepare` before the round that came before it started (only the first round's, and
+    with one slot the old end, are not), and the boundary is the one found without hints."""
+    vs = versions(k)
+    for boundary in range(1, k):
+        check_hints(vs, boundary, width)
+
+
+def check_hints(vs: list[str], boundary: int, width: int) -> None:
+    def probe(v: str) -> Probe:
+        return Probe.judged(v, "reproduced" if vs.index(v) >= boundary else "not_reproduced")
+    hints: list[list[str]] = []
+    rounds: list[list[str]] = []
+
+    def many(batch: list[str]) -> list[Probe]:
+        rounds.append(list(batch))
+        return [probe(v) for v in batch]
+
+    def one(v: str) -> Probe:
+        rounds.append([v])
+        return probe(v)
+
+    hinted = bisect(vs, one, width=width, probe_many=many, prepare=lambda names: hints.append(list(names)))
+    plain = bisect(vs, probe, width=width, probe_many=lambda batch: [probe(v) for v in batch])
+    assert (hinted.last_old, hinted.first_new) == (plain.last_old, plain.first_new) == (vs[boundary - 1],
+                                                                                      vs[boundary])
+    assert [p.version for p in hinted.steps] == [p.version for p in plain.steps]
+    announced: set[str] = set()
+    for n, batch in enumerate(rounds):
+        if n > 0:
+            assert set(batch) <= announced, (len(vs), width, boundary, n, batch, hints)
+        announced |= {v for h in hints[:n + 1] for v in h}
+    assert all(len(h) <= 2 * width * (width + 1) for h in hints)  # both midpoints; S per part
+
+
+def test_prefetcher_makes_in_order_drops_what_a_new_hint_replaces_and_never_twice():
+    started = threading.Event()
+    release = threading.Event()
+    made: list[str] = []
+
+    def make(v: str) -> None:
+        made.append(v)
+        if v == "a":
+            started.set()
+            release.wait(10)
+        if v == "bad":
+            raise RuntimeError("no wheel")
+
+    events: list[str] = []
+    ahead = Prefetcher(make, lambda stage, msg: events.append(msg), room=lambda: True)
+    ahead.ask(["a", "b"])
+    assert started.wait(10)
+    ahead.ask(["c", "a", "bad"])  # b dropped; a is being made, not again
+    ahead.forget("c")             # its probe starts: it makes c itself
+    release.set()
+    ahead.close()
+    assert made[:1] == ["a"] and "b" not in made and "c" not in made and made.count("a") == 1
+    assert ahead.failed.get("bad") == "no wheel" if "bad" in made else True
+    assert not any("Traceback" in e for e in events)
+
+
+def test_prefetcher_makes_nothing_when_the_cache_is_near_its_cap():
+    made: list[str] = []
+    ahead = Prefetcher(made.append, room=lambda: False)
+    ahead.ask(["a"])
+    ahead.close()
+    assert made == []
+
+
+def facts(name: str, *, cpus: int, memory: int, arch: str = "amd64", emulates=("arm64",)) -> EngineFacts:
+    return EngineFacts(name, None, "test", reachable=True, arch=arch, cpus=cpus, memory=memory, emulates=emulates)
+
+
+def test_two_emulated_probes_on_two_cores_and_one_native():
+    fleet = Fleet([(facts("default", cpus=2, memory=24 * GiB), object())])
+    assert fleet.slots == 1
+    assert emulated_width(fleet, "amd64", False) == 1  # native: one per two cores, as before
+    assert fleet.slots == 1
+    assert emulated_width(fleet, "arm64", False) == 2  # emulated: one per core
+    assert fleet.slots == 2
+
+
+def test_emulated_probes_as_memory_allows():
+    fleet = Fleet([(facts("default", cpus=2, memory=5 * GiB), object())])
+    assert emulated_width(fleet, "arm64", False) == 1
