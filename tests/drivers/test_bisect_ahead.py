@@ -44,16 +44,20 @@ def check_hints(vs: list[str], boundary: int, width: int) -> None:
         rounds.append([v])
         return probe(v)
 
-    hinted = bisect(vs, one, width=width, probe_many=many, prepare=lambda names: hints.append(list(names)))
+    when: list[int] = []  # how many rounds had started when each hint came
+
+    def prepare(names: list[str]) -> None:
+        hints.append(list(names))
+        when.append(len(rounds))
+
+    hinted = bisect(vs, one, width=width, probe_many=many, prepare=prepare)
     plain = bisect(vs, probe, width=width, probe_many=lambda batch: [probe(v) for v in batch])
     assert (hinted.last_old, hinted.first_new) == (plain.last_old, plain.first_new) == (vs[boundary - 1],
                                                                                       vs[boundary])
     assert [p.version for p in hinted.steps] == [p.version for p in plain.steps]
-    announced: set[str] = set()
-    for n, batch in enumerate(rounds):
-        if n > 0:
-            assert set(batch) <= announced, (len(vs), width, boundary, n, batch, hints)
-        announced |= {v for h in hints[:n + 1] for v in h}
+    for n, batch in enumerate(rounds[1:], start=1):  # announced before round n-1 started
+        announced = {v for h, at in zip(hints, when, strict=True) if at <= n - 1 for v in h}
+        assert set(batch) <= announced, (len(vs), width, boundary, n, batch, hints, when)
     assert all(len(h) <= 2 * width * (width + 1) for h in hints)  # both midpoints; S per part
 
 
