@@ -335,6 +335,7 @@ def collect_env_for(case: Case, engine: Engine, host: HostPip, run_dir: Path, ev
                 ready()
             raise
         with tempfile.TemporaryDirectory(prefix="lab-collect-env-") as scratch:
+            write_context_folder(Path(scratch), plan)  # what a run folder holds before its build
             image = engine.prepare(case, plan, host, Path(scratch), events, ready=ready)
             text = _collect_env(engine, image, case, events)
             if not keep_image and not image.cached and image.local is None:

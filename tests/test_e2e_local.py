@@ -344,6 +344,48 @@ def test_a_bisection_after_an_edit_of_expect_runs_its_probes_again_and_finds_the
     assert last_json(resumed.stdout)["first_new"] == "0.0.2"
 
 
+@needs_bwrap
+def test_a_bisection_after_a_matrix_takes_its_verdicts_and_collects_env_only_at_the_boundary(tmp_path):
+    """Issue 34, items 3 and 4: a matrix runs the two ends (0.0.1 and 0.1.0 of four stand-in releases);
+    the bisection over them takes those verdicts (it says from which folders), runs only the releases
+    between, and finds the boundary a bisection without them finds (0.0.3 -> 0.1.0). Its probe 0.0.2,
+    not the boundary, has no collect_env.txt; its probe 0.0.3, at the boundary, has one."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for version in ("0.0.1", "0.0.2", "0.0.3", "0.1.0"):
+        _stand_in_torch(wheels, version)
+    arch = "arm64" if platform.machine() in ("aarch64", "arm64") else "amd64"
+    path = scenario(tmp_path, "stand-in-reuse", "import torch\nprint('torch', torch.__version__)\n",
+                    "expect:\n  stdout_contains: 'torch 0.0.'\n",
+                    header=f"torch: '0.0.1'\narch: {arch}\nbase: debian:bookworm\n")
+    env = {"PIP_FIND_LINKS": str(wheels)}
+    runs = tmp_path / "runs"
+    matrix = run_lab("run", str(path), "--torch", "0.0.1,0.1.0", "--engine", "local", "--out", str(runs),
+                     "--json", "--no-diagnose", env=env)
+    assert matrix.returncode == 0, matrix.stderr[-3000:]
+    cells = {c["torch"]: c for c in last_json(matrix.stdout)["cells"]}
+    assert {v: c["verdict"] for v, c in cells.items()} == {"0.0.1": "reproduced", "0.1.0": "not_reproduced"}
+
+    proc = run_lab("bisect", str(path), "--from", "0.0.1", "--to", "0.1.0", "--engine", "local", "--out",
+                   str(runs), "--json", "--no-blame", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert (result["status"], result["last_old"], result["first_new"]) == ("found", "0.0.3", "0.1.0"), result
+    steps = {s["torch"]: s for s in result["steps"]}
+    assert {v: s["verdict"] for v, s in steps.items()} == {
+        "0.0.1": "reproduced", "0.1.0": "not_reproduced", "0.0.2": "reproduced", "0.0.3": "reproduced"}
+    for version in ("0.0.1", "0.1.0"):  # the matrix's cells, not run again
+        assert steps[version]["reused_from"] == cells[version]["runs"][0]["run_dir"]
+        assert not (Path(result["folder"]) / f"torch{version}").exists()
+        assert f"torch {version}: {steps[version]['verdict']}, taken from {steps[version]['reused_from']}" in \
+            " ".join(result["notes"])
+    assert steps["0.0.2"]["reused_from"] is None and steps["0.0.3"]["reused_from"] is None
+    folder = Path(result["folder"])
+    assert not (folder / "torch0.0.2" / "collect_env.txt").exists()  # not the boundary
+    assert (folder / "torch0.0.3" / "collect_env.txt").is_file(), (result["notes"], proc.stderr[-3000:])  # boundary
+    assert str(steps["0.0.1"]["reused_from"]) in (folder / "bisect.md").read_text()
+
+
 has_gpu = Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()
 
 

@@ -18,8 +18,9 @@ only those that are evidence this lab can stand behind:
 - evidence.json, written beside it by the same run, records the same verdict: a result.json
   edited by hand to another verdict is not believed.
 
-The newest folder that passes wins; a folder that does not is named with its reason, so the
-bisection can say why it ran a release again.
+The newest folder that passes wins, unless earlier runs of the same case disagree (a flaky case, a
+matrix with `--repeat`): then there is no one answer to take, and the release runs again. A folder
+that does not pass is named with its reason, so the bisection can say why it ran a release again.
 """
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ def earlier_verdicts(runs_root: Path, scenario: str, arch: str, wanted: dict[str
         return {}, [f"the run history could not be read, so no earlier verdict is reused ({exc})"]
     key = runs_key(root, create=False)
     skip = Path(exclude).resolve() if exclude is not None else None
+    disagree: set[str] = set()
     for entry in entries:  # newest first
         version = entry.torch
-        if version not in wanted or version in found or entry.kind == "replay":
+        if version not in wanted or version in disagree or entry.kind == "replay":
             continue
         where = Path(entry.path)
         if skip is not None and (where.resolve() == skip or skip in where.resolve().parents):
@@ -108,7 +110,13 @@ def earlier_verdicts(runs_root: Path, scenario: str, arch: str, wanted: dict[str
         answer = trusted_result(root, where, scenario=scenario, torch=version, arch=arch, digest=wanted[version],
                                 key=key)
         if isinstance(answer, RunResult):
-            found[version] = Earlier(where, answer)
+            if version not in found:
+                found[version] = Earlier(where, answer)
+            elif found[version].result.verdict != answer.verdict:  # flaky: no one answer to take
+                newer = found.pop(version)
+                refused.append(f"torch {version}: earlier runs of the same case disagree ({newer.run_dir}: "
+                               f"{newer.result.verdict.value}, {where}: {answer.verdict.value}), so it runs again")
+                disagree.add(version)
         elif answer != "made from another content key":  # another version of the scenario: not news
             refused.append(f"{where}: {answer}")
     return found, refused

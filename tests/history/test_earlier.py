@@ -88,3 +88,12 @@ def test_the_bisections_own_folder_is_left_to_its_resume(tmp_path):
     assert found == {}
     found, _ = earlier_verdicts(root, "b", "arm64", {"2.3.0": digest})  # another bisection's probe
     assert set(found) == {"2.3.0"}
+
+
+def test_runs_that_disagree_are_not_taken(tmp_path):
+    scenario = tiny_scenario(tmp_path, BODY)
+    root = tmp_path / "runs"
+    _, digest = made(root, scenario, "2.3.0", "reproduced", name="20261127T000000Z-a")
+    made(root, scenario, "2.3.0", "not_reproduced", name="20261127T000001Z-b")
+    found, refused = earlier_verdicts(root, "b", "arm64", {"2.3.0": digest})
+    assert found == {} and "earlier runs of the same case disagree" in "\n".join(refused)
