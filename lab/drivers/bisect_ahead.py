@@ -10,7 +10,8 @@ two emulated probes at once on a machine whose cores an emulated script leaves i
   makes ahead never pushes the cache over its cap.
 - `emulated_width` is how many probes run at once when every engine that fits runs the arch
   through QEMU: an emulated script keeps one core busy (one OpenBLAS thread, one compile thread), so
-  one probe per core, as memory allows (4 GiB each), instead of one per two cores.
+  one probe per core, as memory (4 GiB each) and the engine's free disk (8 GiB each, where the
+  host can see it) allow, instead of one per two cores.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lab.engine.engines import MEMORY_PER_SLOT
 from lab.engine.routing import Fleet, NoEngineError
 
 PREFETCH_SHARE = 0.75   # of the cap, at the last count: above it nothing is made ahead
+DISK_PER_PROBE = 8 * 1024**3   # free disk per emulated probe at once: AArch64 torch from 2.11 is a 7 GB tree
 
 
 def room_ahead() -> bool:
@@ -98,8 +100,9 @@ class Prefetcher:
 
 
 def emulated_width(fleet: Fleet, arch: str, gpu: bool) -> int:
-    """Probes at once when every engine that fits runs `arch` through QEMU: one per core and 4 GiB
-    of each such engine (at least its own slots); else the fleet's slots."""
+    """Probes at once when every engine that fits runs `arch` through QEMU: one per core, 4 GiB of
+    memory and 8 GiB of free disk of each such engine (at least its own slots); else the fleet's
+    slots."""
     try:
         found = fleet.routes(arch, gpu)
     except NoEngineError:
@@ -112,7 +115,8 @@ def emulated_width(fleet: Fleet, arch: str, gpu: bool) -> int:
         f = facts.get(route.engine)
         if f is None or f.kind != "docker":
             return fleet.slots
-        per_core = max(1, min(f.cpus or 1, (f.memory or MEMORY_PER_SLOT) // MEMORY_PER_SLOT))
+        per_core = max(1, min(f.cpus or 1, (f.memory or MEMORY_PER_SLOT) // MEMORY_PER_SLOT,
+                              (f.free_disk // DISK_PER_PROBE) if f.free_disk is not None else 1 << 20))
         fleet.widen(route.engine, per_core)
         width += fleet.capacity.get(route.engine, 0)
     return max(width, fleet.slots)

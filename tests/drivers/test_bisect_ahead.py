@@ -111,3 +111,9 @@ def test_two_emulated_probes_on_two_cores_and_one_native():
 def test_emulated_probes_as_memory_allows():
     fleet = Fleet([(facts("default", cpus=2, memory=5 * GiB), object())])
     assert emulated_width(fleet, "arm64", False) == 1
+
+
+def test_emulated_probes_as_disk_allows():
+    engine = facts("default", cpus=4, memory=24 * GiB)
+    fleet = Fleet([(EngineFacts(**{**engine.__dict__, "free_disk": 17 * GiB}), object())])
+    assert emulated_width(fleet, "arm64", False) == 2
