@@ -282,6 +282,8 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
             events("bisect", f"probe {version} runs again: {why}")
         if version in earlier:
             took = earlier[version]
+            if run_dir.exists():  # a stale or unfinished probe of its own: the earlier run stands for it
+                shutil.rmtree(run_dir)
             p = _probe_from(version, took.result, took.run_dir, failed_differently=failed_differently)
             p = p.model_copy(update={"reused_from": str(took.run_dir)})
             if keeper is not None:
