@@ -66,13 +66,15 @@ class Prefetcher:
                 self.pending.remove(version)
             self.started.add(version)
 
-    def close(self) -> None:
-        """Stop: what runs finishes, nothing new starts."""
+    def close(self, wait: bool = True) -> None:
+        """Stop: nothing new starts; what runs finishes (waited for, unless not `wait`: an interrupted
+        bisection; the thread is a daemon, and a half-made cache entry is made again when needed)."""
         with self._cond:
             self._closed = True
             self.pending = []
             self._cond.notify_all()
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
     def _work(self) -> None:
         while True:

@@ -363,9 +363,12 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                               prepare=ahead_of if ahead is not None else None)
             if not request.probe_details and boundary_env is not None:
                 searched = _boundary_env(searched, folder, boundary_env, events, width)
-    finally:
-        if ahead is not None:
-            ahead.close()
+    except BaseException:
+        if ahead is not None:  # Ctrl-C or an error: not held up by a release being made ahead
+            ahead.close(wait=False)
+        raise
+    if ahead is not None:
+        ahead.close()
     reused = [p for p in searched.steps if p.reused_from]
     if reused or refused:
         searched = searched.model_copy(update={"notes": (*searched.notes, *(
