@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -323,8 +324,6 @@ def collect_env_for(case: Case, engine: Engine, host: HostPip, run_dir: Path, ev
     boundary, issue 34), written into its folder's collect_env.txt. The case's image (or local venv) is
     made again from what the run left in the cache (its site tree, uv's wheels), then removed again unless
     `keep_image` or it was there before; the run folder's other files stay as they are."""
-    import tempfile
-
     case, _ = era.apply(case, host, events)
     with cache_policy.lease():
         ready = engine.begin(case, events)
