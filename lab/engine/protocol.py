@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from lab.core.arch import Arch
-from lab.core.records import BuiltImage, Events, ImageUsage, LocalImage, RawRun, RunLimits, no_events
+from lab.core.records import (
+    BuiltImage,
+    Events,
+    ImageUsage,
+    LocalImage,
+    MountedImage,
+    RawRun,
+    RunLimits,
+    no_events,
+)
 from lab.core.results import LocalRef
 from lab.image.hostpip import HostPip
 from lab.image.render import BuildPlan
@@ -33,7 +42,7 @@ from lab.image.resolve import Case
 
 # What `run`, `output_of` and `read_file` take: `BuiltImage.ref` of an image this engine prepared.
 # (A Docker tag, or the local engine's environment. An engine with another kind of handle adds it here.)
-ImageRef = str | LocalImage
+ImageRef = str | LocalImage | MountedImage
 
 # Waits for what `Engine.begin` started; gives its seconds (the run's `base` time), or raises its error.
 Pending = Callable[[], float]
