@@ -45,6 +45,7 @@ from lab.image.sitemount import host_path, site_binds
 # container was removed gets no new container. Creating holds the gate, so none is half made
 # when the session's containers are listed for removal.
 _CREATE_GATE = threading.Lock()
+_SEEN_FOLDERS: dict[tuple[str, str], bool] = {}  # (engine, host folder) -> whether it can bind it
 _STOPPING = threading.Event()
 # The engine's own copy of the streams (json-file), bounded: the lab reads the streams live from
 # an attach; this log serves the emulator-crash watcher, which reads its last lines.
@@ -205,6 +206,25 @@ class DockerContainers:
             return None
         finally:
             _remove(container)
+
+    def sees_host_folder(self, path: Path, image: str) -> bool:
+        """Whether a bind mount of `path` is possible on this engine: a container made with it (never
+        started) is accepted, once per folder and process. Where the lab runs in a container with the
+        host's socket (compose.yaml), its cache is not on the engine's host, and the engine refuses."""
+        seen = _SEEN_FOLDERS.get((self.name, str(path)))
+        if seen is not None:
+            return seen
+        try:
+            container = self.client.containers.create(
+                image, ["true"], labels={**LABELS, SESSION_LABEL: SESSION}, network_mode="none",
+                mounts=[Mount(target="/lab-check", source=str(path), type="bind", read_only=True)])
+        except docker.errors.APIError:
+            seen = False
+        else:
+            seen = True
+            _remove(container)
+        _SEEN_FOLDERS[(self.name, str(path))] = seen
+        return seen
 
     def _create(self, image: str | MountedImage, command: list[str], env: dict[str, str], arch: Arch | None,
                 labels: dict[str, str], limits: RunLimits, with_out: bool = False, background: bool = False):

@@ -113,7 +113,8 @@ def build_image(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Even
     case = plan.case
     base_started = time.monotonic()
     base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
-    decision = mount_decision(plan, engine.on_this_host, plan.dockerfile == render_dockerfile(case))
+    decision = mount_decision(plan, engine.on_this_host, plan.dockerfile == render_dockerfile(case),
+                              lambda folder: engine.sees_host_folder(folder, base.ref))
     if plan.site is not None and plan.site.root is not None:
         events("build", decision.why)
     mounted = decision.mount

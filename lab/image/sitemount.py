@@ -24,15 +24,18 @@ it mounted, the run holds a shared lock on `<entry>.inuse` (lab.core.cache.entry
 and remaking leave the entry alone meanwhile.
 
 Who mounts (`mount_decision`): a Docker engine on this host (its socket, or TCP to this host's
-loopback); remote engines (ssh://, tcp:// to another machine) cannot see the host's folders and keep
-the layers. Only a tree that holds everything the case needs (its pip freeze was written on the host,
-no requirement is left to pip in the image), built from the lab's own Dockerfile (not a replay's
+loopback) that can bind the lab's cache folder (not so where the lab itself runs in a container with
+the host's socket, as compose.yaml does: its cache is not on the engine's host). Remote engines
+(ssh://, tcp:// to another machine) cannot see the host's folders and keep the layers. Only a tree
+that holds every requirement (nothing left to pip in the image but, where a package needs it, an
+upgrade of the venv's own setuptools or pip), built from the lab's own Dockerfile (not a replay's
 sealed build, nor a bundle's own Dockerfile), and only when the `site_mount` setting is on.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -104,9 +107,11 @@ class MountDecision:
     venv_pip: tuple[str, ...] = ()
 
 
-def mount_decision(plan, on_this_host: bool, own_dockerfile: bool) -> MountDecision:
+def mount_decision(plan, on_this_host: bool, own_dockerfile: bool,
+                   engine_sees: Callable[[Path], bool] = lambda path: True) -> MountDecision:
     """Whether each run of `plan` gets the tree mounted or the image carries it as a layer (see the
-    module's docstring for who mounts)."""
+    module's docstring for who mounts). `engine_sees(folder)`: whether the engine's bind mounts of
+    the folder show this process's own (asked last, as it may cost a request)."""
     site = plan.site
     if not current_settings().site_mount:
         return MountDecision(False, "site_mount is off (LAB_SITE_MOUNT=0): the tree is a layer of the image")
@@ -133,6 +138,9 @@ def mount_decision(plan, on_this_host: bool, own_dockerfile: bool) -> MountDecis
         site_binds(site.root, site.target.python)
     except (ValueError, OSError) as exc:
         return MountDecision(False, f"the tree cannot be mounted ({exc}): the tree is a layer")
+    if not engine_sees(site.root):
+        return MountDecision(False, "the engine cannot bind this process's cache folder (the lab runs in a "
+                                    "container?): the tree is a layer")
     return MountDecision(True, "the engine is on this host: each run gets the tree read-only, mounted at the "
                                "venv's paths, and the image holds no copy of it", venv_pip)
 

@@ -113,6 +113,12 @@ def test_a_need_of_the_venvs_own_setuptools_mounts_and_upgrades_it_in_the_image(
     assert "COPY --from=site / /opt/venv/" in render_dockerfile(case)
 
 
+def test_an_engine_that_cannot_bind_the_cache_folder_keeps_the_layer(tmp_path):
+    """The lab in a container with the host's socket (compose.yaml): its cache is not on the engine's host."""
+    decision = mount_decision(Plan(site_at(tree(tmp_path / "t"))), True, True, engine_sees=lambda path: False)
+    assert not decision.mount and "cannot bind" in decision.why
+
+
 def test_a_link_where_a_mount_would_go_keeps_the_layer(tmp_path):
     root = tree(tmp_path / "t")
     (root / SP / "escape").symlink_to("/etc")
@@ -211,6 +217,9 @@ class Store:
             dockerfile = tar.extractfile("Dockerfile").read().decode()
         self.built.append((tag, dockerfile))
         return f"sha256:{len(self.built)}"
+
+    def sees_host_folder(self, path, image):
+        return True
 
     def stack_layer(self, parent, write_layer, tag, arch, created_by, known=None):
         self.stacked.append(tag)

@@ -7,7 +7,7 @@ import torch
 
 folder = pathlib.Path(torch.__file__).parent
 print("torch", torch.__version__, "from", folder)
-for line in open("/proc/self/mountinfo"):
+for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines():
     fields = line.split()
     if fields[4] == str(folder):
         print("mount", fields[4], fields[5])
