@@ -108,13 +108,17 @@ def _published(found: list[str], wanted: str) -> bool:
 
 
 def build_image(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Events = no_events,
-                log_path: Path | None = None) -> BuiltImage:
-    """Ensure the base, then build the case image unless its content-addressed tag exists."""
+                log_path: Path | None = None, *, for_runs: bool = True) -> BuiltImage:
+    """Ensure the base, then build the case image unless its content-addressed tag exists.
+    `for_runs`: the image serves the lab's own runs, which on a Docker engine on this host get the
+    cross-installed tree mounted (lab.image.sitemount); False (`lab build`, an image to use on its
+    own): the tree is always a layer of it."""
     case = plan.case
     base_started = time.monotonic()
     base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
     decision = mount_decision(plan, engine.on_this_host, plan.dockerfile == render_dockerfile(case),
-                              lambda folder: engine.sees_host_folder(folder, base.ref))
+                              lambda folder: engine.sees_host_folder(folder, base.ref)) if for_runs else \
+        MountDecision(False, "an image to use on its own: the tree is a layer of it")
     if plan.site is not None and plan.site.root is not None:
         events("build", decision.why)
     mounted = decision.mount

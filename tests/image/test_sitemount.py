@@ -247,3 +247,7 @@ def test_a_local_engine_builds_no_site_layer_and_a_remote_one_stacks_it(tmp_path
     else:
         assert len(store.stacked) == 1 and image.mounted is None and image.ref == image.tag
         assert "pip install" in store.built[-1][1]
+    # `lab build`: an image to `docker run` on its own, with torch in it, on any engine
+    standalone = Store(local)
+    image = builder.build_image(plan, standalone, HostPip(), for_runs=False)
+    assert len(standalone.stacked) == 1 and image.mounted is None
