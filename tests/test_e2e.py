@@ -6,6 +6,7 @@ registry answers) and install torch inside the images; warm, they reuse the cach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -152,6 +153,60 @@ def test_amd64_control_with_the_local_cpu_wheel_is_not_reproduced(runs):
     assert f"torch=={TORCH.version}" in (run_dir / "pip-freeze.txt").read_text()
     evidence = json.loads((run_dir / "evidence.json").read_text())
     assert evidence["processes"] >= 1 and evidence["exit_code"] == 0
+
+
+@pytest.mark.usefixtures("cpu_torch")
+def test_a_local_engine_mounts_the_torch_tree_read_only_and_the_image_holds_no_copy(runs):
+    """Issue 34: on a Docker engine on this host, the case image has no torch layer; torch imports from
+    the cached tree, mounted read-only, so the script can neither add nor delete a file there, the run
+    still gets its verdict, and the cache entry is intact afterwards. Shares the amd64 control's base
+    and tree; removes the case image it made."""
+    from lab.image.crossinstall import load_site
+    from lab.image.hostpip import discover
+    from lab.image.render import plan_build
+    from lab.image.resolve import resolve
+    from lab.scenario.lookup import load_scenario
+
+    result, _ = lab_run(str(DATA / "e2e" / "readonly_tree.yaml"), *TORCH.args, out=runs)
+    client = docker.from_env()
+    tag = result["image"]["tag"]
+    try:
+        assert result["verdict"] == "reproduced", result  # write refused, delete refused, exit 0
+        assert result["image"]["site_mounted"] is True
+        run_dir = Path(result["run_dir"])
+        stdout = (run_dir / "stdout.txt").read_text()
+        torch_dir = "/opt/venv/lib/python3.11/site-packages/torch"
+        assert f"torch {TORCH.version} from {torch_dir}" in stdout
+        mount = re.search(rf"^mount {re.escape(torch_dir)} (\S+)$", stdout, re.M)
+        assert mount and "ro" in mount.group(1).split(","), stdout  # its own read-only mount
+        assert "The venv's packages: the host's cross-installed tree, mounted read-only" in \
+            (run_dir / "report.md").read_text()
+        assert f"torch=={TORCH.version}" in (run_dir / "pip-freeze.txt").read_text()
+        assert result["torch_build"]["version"] == TORCH.version  # read from the mounted tree
+        # the image: no layer with the venv's packages, no torch in its filesystem, base-sized
+        image = client.images.get(tag)
+        history = image.history()
+        assert not [h for h in history if "venv's packages" in (h.get("CreatedBy") or "")]
+        base = client.images.get(result["base"]["ref"])
+        assert image.attrs["Size"] - base.attrs["Size"] < 100 * 1024**2, history  # torch alone is ~900 MB
+        probe = client.containers.create(tag, ["true"])
+        try:
+            with pytest.raises(docker.errors.NotFound):
+                probe.get_archive(torch_dir)
+        finally:
+            probe.remove(force=True)
+        # the cache entry: as it was made (size and file count), nothing planted, nothing deleted
+        case = resolve(load_scenario(str(DATA / "e2e" / "readonly_tree.yaml"), []), torch=TORCH.version,
+                       arch="amd64")
+        site = plan_build(case, discover()).site
+        assert site is not None and site.root is not None and site.cached
+        assert load_site(site.root, site.target) is not None
+        torch_tree = next(site.root.glob("lib/python3.11/site-packages/torch"))
+        assert (torch_tree / "version.py").is_file() and not (torch_tree / "planted.py").exists()
+        assert not client.containers.list(all=True, filters={"ancestor": tag})
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            client.images.remove(tag)
 
 
 @pytest.mark.usefixtures("cpu_torch")

@@ -8,7 +8,8 @@ What counts as "in use" (never removed, not even by `lab cache prune --all`):
   marks what it uses when it uses it: the site tree (or venv) and the unpacked wheels in uv's cache
   it came from get their mtime touched (`note_use`, `note_wheels_used`), an image a stamp
   `<cache_dir>/stamps/<image id>`. A lease whose process is gone is ignored and deleted;
-- a site tree whose `<key>.lock` is held (it is being made).
+- a site tree whose `<key>.lock` is held (it is being made), or whose `<key>.inuse` is locked (a
+  container on a Docker engine on this host has it mounted: lab.image.sitemount).
 
 Sizes: files are counted once per inode, so a site tree hard-linked to uv's cache is not counted
 twice; an entry's size is what removing it frees (an inode with links outside the entry stays).
@@ -35,6 +36,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from lab.cache_policy.policy import PARTS, Entry, choose, default_cap
+from lab.core.cache import in_use_by_a_run, unless_in_use
 from lab.core.config import current
 from lab.core.errors import LabError
 from lab.core.records import Events, ImageUsage, no_events
@@ -244,7 +246,8 @@ def disk_entries(root: Path, walk: _Walk) -> list[Entry]:
             for key in keys:
                 paths = sorted(p for p in top.iterdir() if p.name.split(".")[0] == key)
                 lock = top / f"{key}.lock"
-                add(name, key, paths, "being made (its lock is held)" if _lock_held(lock) else None)
+                add(name, key, paths, "being made (its lock is held)" if _lock_held(lock) else
+                    "mounted into a running container" if in_use_by_a_run(top / key) else None)
         elif name == "bases" and top.is_dir():
             for work in sorted(top.iterdir()):
                 add("bases", work.name, [work])
@@ -522,7 +525,12 @@ def _remove(e: Entry, engine) -> str | None:
         except Timeout:
             return "being made (its lock is held)"
     try:
-        return _delete([p for p in paths if not p.name.endswith(".lock")])
+        if e.part != "site" or not paths:
+            return _delete([p for p in paths if not p.name.endswith(".lock")])
+        with unless_in_use(paths[0].parent / e.name) as free:  # no container starts to see it meanwhile
+            if not free:
+                return "mounted into a running container"
+            return _delete([p for p in paths if not p.name.endswith(".lock")])
     finally:
         if lock is not None:
             lock.release()

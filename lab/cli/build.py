@@ -31,7 +31,8 @@ def build(scenario: ScenarioArg, torch: TorchOpt = None, arch: ArchOpt = None, e
         engine = routing.engine_for(routing.fleet(engines, None), case)
         with Progress() as progress:
             case = era.apply(case, host, progress)[0]  # `deps: era` or a date: pinned as a run pins them
-            image = build_image(plan_build(case, host, progress), engine, host, progress)
+            # an image to use on its own (`docker run` it): torch is in it, never mounted from the lab's cache
+            image = build_image(plan_build(case, host, progress), engine, host, progress, for_runs=False)
         err.print(f"{'cached' if image.cached else 'built'} {image.tag} "
                   f"({image.base.origin} base {image.base.ref})")
         out.print(image.tag, markup=False)

@@ -131,6 +131,9 @@ KEYS: tuple[Key, ...] = (
     Key("cross_install", "LAB_CROSS_INSTALL", bool, True,
         "whether the requirements are cross-installed on the host with uv (true or false; false: pip in "
         "the image installs everything)"),
+    Key("site_mount", "LAB_SITE_MOUNT", bool, True,
+        "whether a Docker engine on this host gets the cross-installed tree as read-only mounts in each "
+        "run instead of a layer of the case image (true or false; remote engines always get the layer)"),
     Key("mirrors.debian", "LAB_DEBIAN_MIRROR", Annotated[str, AfterValidator(_mirror)],
         "http://deb.debian.org/debian", "the URL of the Debian mirror used to bootstrap base images"),
     Key("local.python", "LAB_LOCAL_PYTHON", PathValue | None, None,
@@ -197,6 +200,10 @@ class Settings:
     @property
     def cross_install(self) -> bool:
         return self.values["cross_install"]
+
+    @property
+    def site_mount(self) -> bool:
+        return self.values["site_mount"]
 
     @property
     def debian_mirror(self) -> str:

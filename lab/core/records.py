@@ -46,6 +46,20 @@ class LocalImage:
 
 
 @dataclass(frozen=True, slots=True)
+class MountedImage:
+    """A Docker image whose venv packages are not in it: each container gets the host's
+    cross-installed tree (`site`, a cache entry) read-only at their paths in the venv
+    (lab.image.sitemount). What a local Docker engine runs in place of a tag."""
+
+    tag: str
+    site: Path                          # the cache entry (lab.image.crossinstall), mounted read-only
+    python: str                         # "3.11": the venv's lib/pythonX.Y
+
+    def __str__(self) -> str:
+        return self.tag
+
+
+@dataclass(frozen=True, slots=True)
 class BuiltImage:
     tag: str
     image_id: str
@@ -54,6 +68,7 @@ class BuiltImage:
     build_seconds: float
     base_seconds: float = 0.0  # of which: making sure the base is there (bootstrap, when cold)
     local: LocalImage | None = None  # the local engine's environment (then `tag` names it)
+    mounted: MountedImage | None = None  # the tree is mounted into each run, not in the image
 
     @property
     def recorded_base(self) -> BaseImage | None:
@@ -61,9 +76,12 @@ class BuiltImage:
         return self.base if self.local is None else None
 
     @property
-    def ref(self) -> str | LocalImage:
-        """What the engine runs: the tag, or the local engine's environment."""
-        return self.local if self.local is not None else self.tag
+    def ref(self) -> str | LocalImage | MountedImage:
+        """What the engine runs: the tag, the image with its mounted tree, or the local engine's
+        environment."""
+        if self.local is not None:
+            return self.local
+        return self.mounted if self.mounted is not None else self.tag
 
 
 # What the lab copies out of a run at most (scenario `limits: {output: ..., logs: ...}` changes

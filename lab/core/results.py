@@ -217,6 +217,9 @@ class ImageRef(Record):
     tag: str
     id: str
     cached: bool
+    # the venv's packages were not in the image: the run got the host's cross-installed tree as
+    # read-only mounts (a Docker engine on this host, lab.image.sitemount)
+    site_mounted: bool = False
 
 
 class BaseRef(Record):

@@ -18,12 +18,14 @@ import requests.exceptions
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from lab.core.arch import Arch
+from lab.core.cache import entry_in_use
 from lab.core.errors import EngineError
 from lab.core.records import (
     EMULATOR_CRASH,
     STOPPED_EMULATOR,
     STOPPED_OUT_FULL,
     Events,
+    MountedImage,
     OutputCopy,
     RawRun,
     RunLimits,
@@ -33,7 +35,8 @@ from lab.core.records import (
 from lab.core.safetar import extract_outputs
 from lab.engine.docker_client import LABELS, SESSION, SESSION_LABEL, explanation, short
 from lab.engine.streams import StreamFile as _Capture
-from lab.image.layout import OUT, RUN_HOME, RUN_USER
+from lab.image.layout import OUT, RUN_HOME, RUN_USER, VENV
+from lab.image.sitemount import host_path, site_binds
 
 # The user the script runs as (lab.image.layout): the image's `lab` user, made by the Dockerfile
 # template (which also makes /out and its sub-folders, owned by it: Docker copies them into the new
@@ -42,6 +45,7 @@ from lab.image.layout import OUT, RUN_HOME, RUN_USER
 # container was removed gets no new container. Creating holds the gate, so none is half made
 # when the session's containers are listed for removal.
 _CREATE_GATE = threading.Lock()
+_SEEN_FOLDERS: dict[tuple[str, str], bool] = {}  # (engine, host folder) -> whether it can bind it
 _STOPPING = threading.Event()
 # The engine's own copy of the streams (json-file), bounded: the lab reads the streams live from
 # an attach; this log serves the emulator-crash watcher, which reads its last lines.
@@ -65,7 +69,7 @@ class DockerContainers:
     arch: Arch                      # (DockerEngine's properties and methods)
     alive: Callable[[], bool]
 
-    def run(self, image: str, command: list[str], env: dict[str, str], out_dir: Path, logs_dir: Path,
+    def run(self, image: str | MountedImage, command: list[str], env: dict[str, str], out_dir: Path, logs_dir: Path,
             arch: Arch, timeout: float, labels: dict[str, str], events: Events,
             limits: RunLimits | None = None, reserved: Collection[str] = ()) -> RawRun:
         """Run `command`; stdout/stderr go to files in `logs_dir`, and what it left in /out is
@@ -82,10 +86,18 @@ class DockerContainers:
         and is checked every few seconds while the script runs: past `limits.output_bytes` the
         container is stopped. The timeout is enforced by killing the container through the
         engine, and so is an emulator crash; the container and its volume are removed whatever
-        happens, Ctrl-C included.
+        happens, Ctrl-C included. A `MountedImage` gets its cross-installed tree as read-only bind
+        mounts at the venv's paths (lab.image.sitemount), and the tree's cache entry is marked in
+        use (lab.core.cache.entry_in_use) until the container is gone.
         """
         limits = limits or RunLimits()
         logs_dir.mkdir(parents=True, exist_ok=True)
+        with _site_in_use(image):
+            return self._run(image, command, env, out_dir, logs_dir, arch, timeout, labels, events, limits, reserved)
+
+    def _run(self, image: str | MountedImage, command: list[str], env: dict[str, str], out_dir: Path,
+             logs_dir: Path, arch: Arch, timeout: float, labels: dict[str, str], events: Events,
+             limits: RunLimits, reserved: Collection[str]) -> RawRun:
         container = self._create(image, command, env, arch, labels, limits=limits, with_out=True)
         emulated = arch != self.arch
         reader: _StreamReader | None = None
@@ -123,7 +135,7 @@ class DockerContainers:
                       env=tuple(sorted(env.items())), limits=limits, stopped_for=stopped_for,
                       streams=streams, outputs=outputs)
 
-    def output_of(self, image: str, command: list[str], arch: Arch, timeout: float,
+    def output_of(self, image: str | MountedImage, command: list[str], arch: Arch, timeout: float,
                   labels: dict[str, str], background: bool = False,
                   env: dict[str, str] | None = None, gpus: bool = False) -> tuple[int | None, str]:
         """Run a short command in `image`, confined like a run, with `env`, and return (exit code,
@@ -131,16 +143,17 @@ class DockerContainers:
         `background`: the lowest CPU weight (cpu_shares 2 against a run's 1024), for a command run
         beside the script: it gets the CPU the script leaves. `gpus`: with a device request for all
         the engine's GPUs (collect_env of a GPU scenario reports them)."""
-        container = self._create(image, command, dict(env or {}), arch, labels,
-                                 limits=RunLimits(gpus=gpus), background=background)
-        try:
-            _start(container)
-            exit_code, _, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None,
-                                         watch_crash=arch != self.arch)
-            output = _read_capped(container.logs(stdout=True, stderr=True, stream=True, follow=False),
-                                  OUTPUT_OF_BYTES).decode("utf-8", "replace")
-        finally:
-            _remove(container)
+        with _site_in_use(image):
+            container = self._create(image, command, dict(env or {}), arch, labels,
+                                     limits=RunLimits(gpus=gpus), background=background)
+            try:
+                _start(container)
+                exit_code, _, _ = self._wait(container, timeout, time.monotonic(), lambda s, m: None,
+                                             watch_crash=arch != self.arch)
+                output = _read_capped(container.logs(stdout=True, stderr=True, stream=True, follow=False),
+                                      OUTPUT_OF_BYTES).decode("utf-8", "replace")
+            finally:
+                _remove(container)
         return exit_code, output
 
     def try_gpu_request(self, image: str, command: list[str], timeout: float = 120) -> tuple[bool, str]:
@@ -166,9 +179,17 @@ class DockerContainers:
         finally:
             _remove(container)
 
-    def read_file(self, image: str, path: str) -> bytes | None:
+    def read_file(self, image: str | MountedImage, path: str) -> bytes | None:
         """Read one regular file out of an image without starting a container (None when it is
-        absent, not a regular file, or larger than READ_FILE_BYTES)."""
+        absent, not a regular file, or larger than READ_FILE_BYTES). A file of a mounted tree is
+        read from the tree (the lab's cache entry, which no container can write)."""
+        if isinstance(image, MountedImage):
+            if path.startswith(VENV + "/"):
+                found = host_path(image.site, image.python, path)
+                if found is None or found.stat().st_size > READ_FILE_BYTES:
+                    return None
+                return found.read_bytes()
+            image = image.tag
         container = self._create(image, ["true"], {}, None, {}, limits=RunLimits())
         try:
             stream, stat = container.get_archive(path)
@@ -186,9 +207,31 @@ class DockerContainers:
         finally:
             _remove(container)
 
-    def _create(self, image: str, command: list[str], env: dict[str, str], arch: Arch | None,
+    def sees_host_folder(self, path: Path, image: str) -> bool:
+        """Whether a bind mount of `path` is possible on this engine: a container made with it (never
+        started) is accepted, once per folder and process. Where the lab runs in a container with the
+        host's socket (compose.yaml), its cache is not on the engine's host, and the engine refuses."""
+        seen = _SEEN_FOLDERS.get((self.name, str(path)))
+        if seen is not None:
+            return seen
+        try:
+            container = self.client.containers.create(
+                image, ["true"], labels={**LABELS, SESSION_LABEL: SESSION}, network_mode="none",
+                mounts=[Mount(target="/lab-check", source=str(path), type="bind", read_only=True)])
+        except docker.errors.APIError:
+            seen = False
+        else:
+            seen = True
+            _remove(container)
+        _SEEN_FOLDERS[(self.name, str(path))] = seen
+        return seen
+
+    def _create(self, image: str | MountedImage, command: list[str], env: dict[str, str], arch: Arch | None,
                 labels: dict[str, str], limits: RunLimits, with_out: bool = False, background: bool = False):
         options = container_options(arch, {**LABELS, SESSION_LABEL: SESSION, **labels}, limits, with_out)
+        if isinstance(image, MountedImage):
+            options["mounts"] = [*options.get("mounts", []), *site_mounts(image)]
+            image = image.tag
         if background:
             options["cpu_shares"] = 2  # Docker's least; cgroup v2's cpu.weight 1
         try:
@@ -289,6 +332,29 @@ def container_options(arch: Arch | None, labels: dict[str, str], limits: RunLimi
     if limits.gpus:
         options["device_requests"] = [gpu_request()]
     return options
+
+
+def site_mounts(image: MountedImage) -> list[Mount]:
+    """The tree's read-only bind mounts (lab.image.sitemount.site_binds): its entries only, each at
+    its path in the venv; never a link (refused when the plan was made, and checked again here)."""
+    try:
+        binds = site_binds(image.site, image.python)
+    except (ValueError, OSError) as exc:
+        raise EngineError(f"the cross-installed tree {image.site} cannot be mounted: {exc}") from None
+    return [Mount(target=b.target, source=str(b.source), type="bind", read_only=True) for b in binds]
+
+
+@contextlib.contextmanager
+def _site_in_use(image: object) -> Iterator[None]:
+    """While a container sees a mounted tree, its cache entry is not evicted nor made again."""
+    if not isinstance(image, MountedImage):
+        yield
+        return
+    with entry_in_use(image.site):
+        if not image.site.is_dir():
+            raise EngineError(f"the cross-installed tree {image.site} is gone (removed from the cache); "
+                              "run the case again to make it")
+        yield
 
 
 def gpu_request() -> DeviceRequest:

@@ -9,7 +9,8 @@ methods, and where a caller must know what an engine can do, it reads a capabili
 `emulates`, `confined`, `gpu`, `keeps_images`, `cross_installs`), never `kind`.
 
 The image handle: `prepare` returns a `BuiltImage` (lab.core.records); its `ref` is what the same
-engine's `run`, `output_of` and `read_file` take (a Docker tag, the local engine's `LocalImage`).
+engine's `run`, `output_of` and `read_file` take (a Docker tag, a `MountedImage` whose runs get
+the cross-installed tree read-only, the local engine's `LocalImage`).
 A handle is only ever given back to the engine that made it.
 
 Paths in commands, in `env` and in `read_file` are the image's paths (lab.image.layout: /out,
@@ -25,15 +26,25 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from lab.core.arch import Arch
-from lab.core.records import BuiltImage, Events, ImageUsage, LocalImage, RawRun, RunLimits, no_events
+from lab.core.records import (
+    BuiltImage,
+    Events,
+    ImageUsage,
+    LocalImage,
+    MountedImage,
+    RawRun,
+    RunLimits,
+    no_events,
+)
 from lab.core.results import LocalRef
 from lab.image.hostpip import HostPip
 from lab.image.render import BuildPlan
 from lab.image.resolve import Case
 
 # What `run`, `output_of` and `read_file` take: `BuiltImage.ref` of an image this engine prepared.
-# (A Docker tag, or the local engine's environment. An engine with another kind of handle adds it here.)
-ImageRef = str | LocalImage
+# (A Docker tag, a local Docker engine's image with its mounted tree, or the local engine's environment.
+# An engine with another kind of handle adds it here.)
+ImageRef = str | LocalImage | MountedImage
 
 # Waits for what `Engine.begin` started; gives its seconds (the run's `base` time), or raises its error.
 Pending = Callable[[], float]

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -24,11 +25,12 @@ from packaging.version import Version
 
 from lab.core.cache import cache_dir
 from lab.core.errors import BuildError
-from lab.core.records import BuiltImage, Events, no_events
+from lab.core.records import BuiltImage, Events, MountedImage, no_events
 from lab.core.scrub import redact_secrets, redact_url, strip_url_credentials
 from lab.image import releases, wheelsonly
 from lab.image.base import bootstrap_tag, debian_suite, ensure_base
 from lab.image.buildsecret import serve_once
+from lab.image.crossinstall import FREEZE_FILE
 from lab.image.hostpip import HostPip
 from lab.image.imagestore import ImageStore
 from lab.image.layout import LAYERS_REPO
@@ -41,19 +43,23 @@ from lab.image.render import (
     ContextTree,
     image_pip_conf,
     render_dockerfile,
+    render_mounted,
     render_parts,
     system_packages,
     write_context,
     write_site_tar,
 )
 from lab.image.resolve import Case
+from lab.image.sitemount import MountDecision, freeze_of, mount_decision
 
 PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
+MOUNTED_KEY = "\nsite mounted"  # in the tag of an image whose runs get the tree mounted
 
 
-def image_tag(plan: BuildPlan, base_id: str) -> str:
-    """Content-addressed: the context (Dockerfile included) and the exact base image."""
-    digest = hashlib.sha256(f"{plan.digest}\n{base_id}".encode()).hexdigest()
+def image_tag(plan: BuildPlan, base_id: str, mounted: bool = False) -> str:
+    """Content-addressed: the context (Dockerfile included), the exact base image, and whether the
+    venv's packages are in it or mounted into each run (lab.image.sitemount)."""
+    digest = hashlib.sha256(f"{plan.digest}\n{base_id}{MOUNTED_KEY if mounted else ''}".encode()).hexdigest()
     return f"{IMAGE_REPO}:{plan.case.scenario.name}-{digest[:16]}"
 
 
@@ -102,21 +108,35 @@ def _published(found: list[str], wanted: str) -> bool:
 
 
 def build_image(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Events = no_events,
-                log_path: Path | None = None) -> BuiltImage:
-    """Ensure the base, then build the case image unless its content-addressed tag exists."""
+                log_path: Path | None = None, *, for_runs: bool = True) -> BuiltImage:
+    """Ensure the base, then build the case image unless its content-addressed tag exists.
+    `for_runs`: the image serves the lab's own runs, which on a Docker engine on this host get the
+    cross-installed tree mounted (lab.image.sitemount); False (`lab build`, an image to use on its
+    own): the tree is always a layer of it."""
     case = plan.case
     base_started = time.monotonic()
     base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
-    tag = image_tag(plan, base.image_id)
+    decision = mount_decision(plan, engine.on_this_host, plan.dockerfile == render_dockerfile(case),
+                              lambda folder: engine.sees_host_folder(folder, base.ref)) if for_runs else \
+        MountDecision(False, "an image to use on its own: the tree is a layer of it")
+    if plan.site is not None and plan.site.root is not None:
+        events("build", decision.why)
+    mounted = decision.mount
+    tag = image_tag(plan, base.image_id, mounted)
     # no two builds of one image on one engine at once (parallel cells and probes, two processes):
     # the second waits, then finds it cached
     key = hashlib.sha256(f"{engine.engine_id}\0{tag}".encode()).hexdigest()[:32]
     with FileLock(str(cache_dir("locks") / f"build-{key}.lock")):
-        return _build_locked(plan, engine, host, events, log_path, base, base_started, tag)
+        image = _build_locked(plan, engine, host, events, log_path, base, base_started, tag, decision)
+    if not mounted:
+        return image
+    site = plan.site
+    assert site is not None and site.root is not None and site.target is not None
+    return replace(image, mounted=MountedImage(image.tag, site.root, site.target.python))
 
 
 def _build_locked(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Events, log_path: Path | None,
-                  base, base_started: float, tag: str) -> BuiltImage:
+                  base, base_started: float, tag: str, decision: MountDecision | None = None) -> BuiltImage:
     case = plan.case
     existing = engine.image_id(tag)
     if existing:
@@ -134,6 +154,10 @@ def _build_locked(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Ev
         events("build", line)
 
     try:
+        if decision is not None and decision.mount:  # the first part, then the script's part FROM it
+            image_id = _build_mounted(plan, engine, host, base.ref, tag, on_line, events, decision.venv_pip)
+            return BuiltImage(tag, image_id, base, cached=False, build_seconds=time.monotonic() - started,
+                              base_seconds=started - base_started)
         # the lab's own Dockerfile is built in two parts, rendered apart; another (a bundle's) whole
         parts = render_parts(case) if plan.site_image and plan.dockerfile == render_dockerfile(case) else None
         nets = _sealed_networks(plan, base, parts is not None, events) if plan.sealed is not None else None
@@ -202,6 +226,29 @@ def _stacked_site(plan: BuildPlan, engine: ImageStore, host: HostPip, base_ref: 
         engine.stack_layer(prefix_id, partial(write_site_tar, tree, under=venv), ref, case.arch,
                            f"torch-repro-lab: the venv's packages from the host, into {venv}", known=known)
     return ref
+
+
+def _build_mounted(plan: BuildPlan, engine: ImageStore, host: HostPip, base_ref: str, tag: str, on_line,
+                   events: Events, venv_pip: tuple[str, ...]) -> str:
+    """The case image when each run gets the tree mounted (lab.image.sitemount): the Dockerfile's
+    steps up to the venv (the same image `_stacked_site` builds on, shared by every release), then
+    the tree's pip freeze, the lab's tools and the script, and pip only where `venv_pip` names the
+    venv's own pip or setuptools. The tree itself never enters the engine."""
+    case, site = plan.case, plan.site
+    assert site is not None and site.root is not None
+    prefix, suffix = render_mounted(case, venv_pip)
+    key = hashlib.sha256(f"{prefix}\n{base_ref}".encode()).hexdigest()[:16]
+    args = dict(host.proxies)
+    prefix_id = engine.build(partial(write_context, _with_dockerfile(plan.files, prefix)), case.arch, base_ref,
+                             f"{LAYERS_REPO}:venv-{key}", args, on_line)
+    freeze = ContextFile(f"{SITE_DIR}/{FREEZE_FILE}", freeze_of(site.root))
+    files = tuple(sorted((*_with_dockerfile(plan.files, suffix), freeze), key=lambda f: f.arcname))
+    if not venv_pip:
+        return engine.build(partial(write_context, files), case.arch, base_ref, tag,
+                            {**args, STACK_ARG: prefix_id}, on_line)
+    with _pip_credentials(plan, engine, host, events) as (extra_args, network_mode):
+        return engine.build(partial(write_context, files), case.arch, base_ref, tag,
+                            {**args, STACK_ARG: prefix_id, **extra_args}, on_line, network_mode=network_mode)
 
 
 def _with_dockerfile(files, text: str) -> tuple:

@@ -44,7 +44,7 @@ from typing import BinaryIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from lab.core.cache import cache_dir, entry_lock
+from lab.core.cache import cache_dir, entry_lock, in_use_by_a_run
 from lab.core.config import current as current_settings
 from lab.core.errors import LabError
 from lab.core.hashing import CountingWriter, HashingWriter
@@ -279,6 +279,8 @@ def load_site(entry: Path, target: Target) -> Site | None:
 
 def _make_entry(job: InstallJob, installer: Installer, entry: Path, events: Events) -> Site:
     tmp = entry.with_suffix(".tmp")
+    if entry.exists() and in_use_by_a_run(entry):  # damaged, yet a container sees it: not replaced now
+        raise CrossInstallError(f"{entry} is mounted into a running container and cannot be made again now")
     for stale in (tmp, entry):  # left by a process that died (we hold the lock)
         if stale.exists():
             shutil.rmtree(stale)

@@ -34,6 +34,12 @@ class ImageStore(Protocol):
         a server the lab listens with on 127.0.0.1."""
         ...
 
+    def sees_host_folder(self, path: Path, image: str) -> bool:
+        """Whether the engine's bind mounts of `path` show this process's folder (False when the lab
+        itself runs in a container whose folders the engine's host does not have); `image` is one it
+        holds, to make the test container from (never started)."""
+        ...
+
     def image_id(self, ref: str, arch: Arch | None = None) -> str | None:
         """The ID of an image present on the engine (and of `arch`), or None."""
         ...

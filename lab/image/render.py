@@ -159,6 +159,7 @@ FIELD_SOURCES = {
     "case_name": "case", "scenario_file": "file name", "scenario_name": "name",
     "platform": "arch", "base": "base", "torch": "torch", "arch": "arch",
     "system_packages": "system_packages", "requirements": "pip", "script": "script",
+    "venv_pip": "pip",
 }
 _PLAIN_WORD = re.compile(r"[A-Za-z0-9_.:/@+=,-]+")
 
@@ -261,7 +262,7 @@ def render_template(template: str, fields: dict[str, object], file: str | None =
     `part`: the whole Dockerfile, or one of the two parts it is built in when the cross-installed
     tree is stacked as a layer (`render_parts`)."""
     check_fields(fields, file)
-    return template_environment().get_template(template).render(**fields, part=part)
+    return template_environment().get_template(template).render(**{"venv_pip": (), **fields}, part=part)
 
 
 def render_dockerfile(case: Case) -> str:
@@ -280,6 +281,17 @@ def render_parts(case: Case) -> tuple[str, str, str]:
     fields = dockerfile_fields(case)
     return (render_template(template_for(case), fields, source, part="prefix"),
             render_template(template_for(case), fields, source, part="suffix"), layout.VENV)
+
+
+def render_mounted(case: Case, venv_pip: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The lab's Dockerfile for `case` when each run gets the cross-installed tree as read-only
+    mounts (lab.image.sitemount): the same first part as `render_parts`, and a second part `FROM`
+    the first part's image that copies only the tree's pip freeze (no site layer), and where
+    `venv_pip` names them, upgrades the venv's own pip or setuptools (no other pip step)."""
+    source = str(case.scenario.source) if case.scenario.source else None
+    fields = dockerfile_fields(case)
+    return (render_template(template_for(case), {**fields, "venv_pip": ()}, source, part="prefix"),
+            render_template(template_for(case), {**fields, "venv_pip": venv_pip}, source, part="mounted"))
 
 
 def image_pip_conf(host: HostPip, *, credentials: bool = False) -> str:

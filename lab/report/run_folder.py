@@ -183,7 +183,8 @@ def run_result(rec: RunRecord) -> RunResult:
         timings=rec.timings,
         checks=rec.judgement.checks,
         image=None if rec.image is None else ImageRef(tag=rec.image.tag, id=rec.image.image_id,
-                                                      cached=rec.image.cached),
+                                                      cached=rec.image.cached,
+                                                      site_mounted=rec.image.mounted is not None),
         base=None if rec.base is None else BaseRef(requested=rec.base.requested, ref=rec.base.ref,
                                                    origin=rec.base.origin, image_id=rec.base.image_id),
         engine=EngineRef(version=rec.engine_version, host_arch=rec.host_arch, name=rec.engine_name,
@@ -322,6 +323,7 @@ class ReportView:
     different: tuple[str, str] | None = None        # failed_differently: (expected, observed)
     signature: tuple[str, str] | None = None        # exit-code-only scenario: (words, the YAML to pin it)
     local: LocalRef | None = None      # a run of the local engine: no container, the host's system
+    site_mounted: bool = False         # the venv's packages were mounted read-only, not in the image
 
 
 def render_report(rec: RunRecord) -> str:
@@ -376,6 +378,7 @@ def report_view(rec: RunRecord) -> ReportView:
         different=(j.different.expected, j.different.observed) if j.different else None,
         signature=_proposed_signature(j, s.expect),
         local=rec.local,
+        site_mounted=rec.image is not None and rec.image.mounted is not None,
     )
 
 
