@@ -103,15 +103,35 @@ def test_a_bisection_through_slurm_finds_the_boundary_of_the_local_engine_one_ar
     assert not queued("slurm-bisect")
 
 
-def test_a_matrix_through_slurm_is_one_array(tmp_path):
-    path, env = stand_ins(tmp_path, "slurm-matrix", ("0.0.1", "0.0.2", "0.1.0"), PRINT)
+def test_a_matrix_through_slurm_is_one_array_and_a_cell_lost_to_slurm_is_its_error(tmp_path):
+    """All cells in one array; the task of 0.0.3, which sleeps, is cancelled with scancel (as someone
+    else, a node failure or a preemption would end it): that cell is an infrastructure `error` with
+    Slurm's reason, never a verdict, and the other cells go on to theirs."""
+    name = "slurm-matrix"
+    script = PRINT + "import time\nif torch.__version__ == '0.0.3':\n    time.sleep(600)\n"
+    path, env = stand_ins(tmp_path, name, ("0.0.1", "0.0.2", "0.0.3", "0.1.0"), script)
     runs = tmp_path / "runs"
-    proc = run_lab("run", str(path), "--torch", "0.0.1,0.0.2,0.1.0", "--engine", ENGINE, "--out", str(runs),
-                   "--no-diagnose", "--json", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cells = {c["torch"]: c["verdict"] for c in last_json(proc.stdout)["cells"]}
-    assert cells == {"0.0.1": "reproduced", "0.0.2": "reproduced", "0.1.0": "not_reproduced"}
-    assert [n for _, n in arrays(runs)] == [3]
+    proc = subprocess.Popen([*LAB, "run", str(path), "--torch", "0.0.1,0.0.2,0.0.3,0.1.0", "--engine", ENGINE,
+                             "--out", str(runs), "--no-diagnose", "--json"], cwd=ROOT, env={**os.environ, **env},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        running = wait_for(lambda: [log.stem.split("-", 1)[1] for log in runs.glob(".slurm/*/slurm-*.out")
+                                    if "running python" in (text := log.read_text()) and "torch==0.0.3" in text])
+        subprocess.run(["scancel", running[0]], check=True, timeout=20)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    cells = {c["torch"]: c for c in last_json(stdout)["cells"]}
+    assert {v: c["verdict"] for v, c in cells.items()} == {
+        "0.0.1": "reproduced", "0.0.2": "reproduced", "0.0.3": "error", "0.1.0": "not_reproduced"}
+    [lost] = cells["0.0.3"]["runs"]
+    assert f"Slurm job {running[0]} ended CANCELLED" in lost["reason"] and "not a verdict" in lost["reason"]
+    assert lost["run_dir"].endswith(f"slurm-{running[0]}.out") and cells["0.0.3"]["runnable"] == 0
+    assert [n for _, n in arrays(runs)] == [4]
+    assert queued(name) == []
+    assert not sandboxes_of(name)
 
 
 def test_ctrl_c_of_a_bisection_cancels_its_jobs_and_leaves_none_in_squeue(tmp_path):

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.core.arch import Arch
-from lab.core.errors import EngineError, LabError
+from lab.core.errors import EngineError, LabError, RunLost
 from lab.engine.local_engine import LocalEngine, LocalOptions
 
 SLURM = "slurm"
@@ -58,9 +58,9 @@ class SlurmError(EngineError):
     """Slurm does not answer, or refused a submission (sbatch, squeue, scontrol failed)."""
 
 
-class SlurmTaskLost(LabError):
+class SlurmTaskLost(RunLost):
     """A task ended without its run's outcome (node failure, preemption, cancelled by someone else,
-    time limit): an infrastructure error for that case, never a verdict."""
+    time limit): an infrastructure error for that case, never a verdict (`where`: the task's Slurm log)."""
 
 
 class SlurmTaskFailed(LabError):
@@ -526,7 +526,8 @@ class SlurmEngine(LocalEngine):
         log = array.folder / f"slurm-{array.job}_{index}.out"
         raise SlurmTaskLost(f"Slurm job {task_id} ended {st.state}{where}"
                             + (f" ({st.reason})" if st.reason and st.reason != "None" else "")
-                            + f" before its run finished: an infrastructure error, not a verdict (log: {log})")
+                            + f" before its run finished: an infrastructure error, not a verdict (log: {log})",
+                            where=str(log))
 
     def remove_session_containers(self) -> int:
         """Ctrl-C: cancel every job this engine submitted, and wait until squeue lists none of them."""
