@@ -233,6 +233,47 @@ def test_a_requeued_task_is_followed_to_its_verdict(tmp_path):
     assert f"Slurm job {task}: RUNNING" in stderr and "(requeued 1x)" in stderr, stderr[-3000:]
 
 
+COMPILE_FAILURE = """import os
+import torch
+print('torch', torch.__version__)
+
+
+class LoweringException(Exception):
+    pass
+
+
+LoweringException.__module__ = 'torch._inductor.exc'
+if os.environ.get('LAB_BACKEND', 'inductor') == 'inductor':
+    raise LoweringException('a lowering failed')
+"""
+
+
+def test_localization_at_a_slurm_boundary_is_one_job_on_its_partition(tmp_path):
+    """`lab localize --engine slurm:lab` (what a bisection through Slurm runs at its boundary): the
+    ablation and the bisector run as one Slurm job on the partition, the node's engine doing every step,
+    and localize.json is written on the shared runs folder (the node's local engine has no image, so
+    compiler_bisector is not run there, and the result says why)."""
+    name = "slurm-localize"
+    path, env = stand_ins(tmp_path, name, ("0.0.1",), COMPILE_FAILURE)
+    path.write_text(path.read_text().replace("stdout_contains: 'torch 0.0.'", "traceback_contains: LoweringException"))
+    runs = tmp_path / "runs"
+    proc = run_lab("localize", str(path), "--torch", "0.0.1", "--engine", ENGINE, "--out", str(runs), "--json",
+                   env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["layer"] == "inductor" and "compiler_bisector was not run" in result["bisector"]["words"]
+    [(job, tasks)] = arrays(runs)
+    assert tasks == 1
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=20)
+    assert "Partition=lab " in shown.stdout
+    [log] = runs.glob(f".slurm/*/slurm-{job}_0.out")
+    assert "backend ablation of torch 0.0.1" in log.read_text()  # the node ran it, not this host
+    ablation = Path(result["ablation_dir"])
+    assert ablation.is_relative_to(runs) and (ablation / "ablation.md").is_file()
+    assert (ablation.parent / "localize.json").is_file() or list(runs.rglob("localize.json"))
+    assert not queued(name)
+
+
 def test_a_batch_triage_is_one_array_each_task_a_lab_triage_on_its_node(tmp_path):
     """`lab triage --engine slurm:lab` of several pages: one `sbatch --array`, task i runs `lab triage
     PAGE_i` on its node and writes that issue's folder; the summary is the same as a local batch's
@@ -250,6 +291,38 @@ def test_a_batch_triage_is_one_array_each_task_a_lab_triage_on_its_node(tmp_path
     jobs = {p.name.split("-", 1)[1].split("_")[0] for p in work.glob("slurm-*_*.out")}
     assert len(jobs) == 1 and sorted(p.name for p in work.glob("exit-*")) == ["exit-0", "exit-1"]
     assert not queued("triage")
+
+
+OTHER = "amd64" if ARCH == "arm64" else "arm64"
+
+
+@pytest.mark.docker
+@pytest.mark.arm64
+def test_a_case_of_the_other_arch_runs_emulated_on_a_partition_whose_nodes_run_docker(tmp_path, monkeypatch):
+    """LAB_SLURM_NODE_ENGINE=docker: partition lab (amd64 nodes) also takes arm64 cases, emulated. The
+    cheapest arm64 case (a stand-in torch, one print on the arm64 base: the image and base are shared
+    with earlier runs of it) goes there as a Slurm task, the node's Docker engine runs it under QEMU, and
+    its verdict, result and report are the Docker engine's, marked emulated (measured on the 2-core
+    test host, busy: 2 min cold, 1 min warm; the run itself is 6-8 s of it)."""
+    monkeypatch.setenv("LAB_SLURM_NODE_ENGINE", "docker")
+    machine = {"arm64": "aarch64", "amd64": "x86_64"}[OTHER]
+    path, env = stand_ins(tmp_path, "slurm-emulated", ("0.0.1",),
+                          "import platform\nimport torch\nprint('torch', torch.__version__, platform.machine())\n")
+    path.write_text(path.read_text().replace(f"arch: {ARCH}", f"arch: {OTHER}")
+                    .replace("'torch 0.0.'", f"'torch 0.0.1 {machine}'"))
+    runs = tmp_path / "runs"
+    proc = run_lab("run", str(path), "--engine", ENGINE, "--out", str(runs), "--no-diagnose", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(emulated with QEMU)" in proc.stderr and "submitted to partition lab " in proc.stderr
+    result = last_json(proc.stdout)
+    assert (result["verdict"], result["arch"], result["emulated"]) == ("reproduced", OTHER, True), result["reason"]
+    assert result["engine"]["kind"] == "docker" and result["image"]["tag"] and result["local"] is None
+    [(job, _)] = arrays(runs)
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=20)
+    node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    assert "Partition=lab " in shown.stdout and f"NodeList={node} " in shown.stdout
+    report = (Path(result["run_dir"]) / "report.md").read_text()
+    assert f"on linux/{OTHER}, emulated with QEMU" in report and "- Emulated: yes" in report
 
 
 @pytest.mark.docker

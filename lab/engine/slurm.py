@@ -388,9 +388,22 @@ class SlurmEngine(LocalEngine):
         """Run one case as a task of an array (lab.pipeline.run_case hands it here) and return its
         RunOutcome, read back from what the task wrote. SlurmTaskLost when the task ended without one."""
         del host  # the node reads its own pip settings: nothing of the host's credentials is written down
-        task = {"case": case, "runs_root": str(runs_root), "options": options, "local": self.options,
-                "node_engine": self.node_engine,
-                "cache": self.cache}
+        return self._hand_over({"case": case, "runs_root": str(runs_root), "options": options}, case, runs_root,
+                               events)
+
+    def localize_elsewhere(self, case, host, runs_root: Path, folder: Path, events: Callable[[str, str], None]):
+        """Localize `case` (lab.drivers.localize: the backend ablation, then compiler_bisector) as one Slurm
+        job on this partition, as a probe runs: the node's engine runs every step (its Docker engine runs
+        the bisector in the case's image; its local engine has no image, and the result says so), writes
+        localize.json and localize.md into `folder` on the shared runs folder, and its LocalizeResult
+        comes back. SlurmTaskLost when the task ended without one."""
+        del host
+        return self._hand_over({"job": "localize", "case": case, "runs_root": str(runs_root), "folder": str(folder),
+                                "options": {}}, case, runs_root, events)
+
+    def _hand_over(self, task: dict, case, runs_root: Path, events: Callable[[str, str], None]):
+        """`task` as one task of the array now gathering (a new one if none is), then its answer."""
+        task = {**task, "local": self.options, "node_engine": self.node_engine, "cache": self.cache}
         with self._gather:
             if self._open is None:
                 folder = Path(runs_root) / ".slurm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
