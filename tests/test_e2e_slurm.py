@@ -270,7 +270,8 @@ def test_localization_at_a_slurm_boundary_is_one_job_on_its_partition(tmp_path):
     assert "backend ablation of torch 0.0.1" in log.read_text()  # the node ran it, not this host
     ablation = Path(result["ablation_dir"])
     assert ablation.is_relative_to(runs) and (ablation / "ablation.md").is_file()
-    assert (ablation.parent / "localize.json").is_file() or list(runs.rglob("localize.json"))
+    [folder] = runs.glob(f"{name}/*-localize")  # what the node wrote, on the shared runs folder
+    assert json.loads((folder / "localize.json").read_text()) == result and (folder / "localize.md").is_file()
     assert not queued(name)
 
 
