@@ -16,7 +16,8 @@ tasks' Slurm logs. The host's pip settings are read again on the node (never wri
 The lab waits through `squeue --states=all` (`sacct` where accounting answers), emits each task's
 job id, state and node as progress events, and follows a requeued task. A task that ends without
 its run's outcome (NODE_FAIL, PREEMPTED, BOOT_FAIL, CANCELLED by someone else, TIMEOUT, OUT_OF_MEMORY)
-is `SlurmTaskLost`: an infrastructure error for that case (a bisection's skip), never a verdict.
+is `SlurmTaskLost` (a RunLost): an infrastructure error for that case (a bisection's skip, a matrix
+cell's `error`), never a verdict. A boundary's localization is one task too (`localize_elsewhere`).
 Ctrl-C cancels the lab's own jobs (`scancel`) and waits until squeue no longer lists them.
 
 uv's cache (the lab's cache folder) goes to the tasks as LAB_CACHE_DIR: `LAB_SLURM_CACHE`, else the
