@@ -297,9 +297,17 @@ def test_a_batch_triage_is_one_array_each_task_a_lab_triage_on_its_node(tmp_path
 OTHER = "amd64" if ARCH == "arm64" else "arm64"
 
 
+def remove_image(result: dict) -> None:
+    """The test's own case image (a stand-in torch over the shared base, which stays)."""
+    tag = (result.get("image") or {}).get("tag")
+    if tag:
+        subprocess.run(["docker", "rmi", tag], capture_output=True, timeout=60)
+
+
 @pytest.mark.docker
 @pytest.mark.arm64
-def test_a_case_of_the_other_arch_runs_emulated_on_a_partition_whose_nodes_run_docker(tmp_path, monkeypatch):
+def test_a_case_of_the_other_arch_runs_emulated_on_a_partition_whose_nodes_run_docker(tmp_path, monkeypatch,
+                                                                                       request):
     """LAB_SLURM_NODE_ENGINE=docker: partition lab (amd64 nodes) also takes arm64 cases, emulated. The
     cheapest arm64 case (a stand-in torch, one print on the arm64 base: the image and base are shared
     with earlier runs of it) goes there as a Slurm task, the node's Docker engine runs it under QEMU, and
@@ -316,6 +324,7 @@ def test_a_case_of_the_other_arch_runs_emulated_on_a_partition_whose_nodes_run_d
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(emulated with QEMU)" in proc.stderr and "submitted to partition lab " in proc.stderr
     result = last_json(proc.stdout)
+    request.addfinalizer(lambda: remove_image(result))
     assert (result["verdict"], result["arch"], result["emulated"]) == ("reproduced", OTHER, True), result["reason"]
     assert result["engine"]["kind"] == "docker" and result["image"]["tag"] and result["local"] is None
     [(job, _)] = arrays(runs)
@@ -327,7 +336,7 @@ def test_a_case_of_the_other_arch_runs_emulated_on_a_partition_whose_nodes_run_d
 
 
 @pytest.mark.docker
-def test_a_node_with_docker_runs_the_case_on_it(tmp_path, monkeypatch):
+def test_a_node_with_docker_runs_the_case_on_it(tmp_path, monkeypatch, request):
     """A node that has a Docker engine runs its task as the Docker engine does (LAB_SLURM_NODE_ENGINE:
     `auto` picks it where it answers, as on this host's node): the case gets its verdict in a container,
     recorded as the Docker engine's. The case is the cheapest one, a stand-in torch of this host's arch
@@ -338,6 +347,7 @@ def test_a_node_with_docker_runs_the_case_on_it(tmp_path, monkeypatch):
     proc = run_lab("run", str(path), "--engine", ENGINE, "--out", str(runs), "--no-diagnose", "--json", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
+    request.addfinalizer(lambda: remove_image(result))
     assert (result["verdict"], result["arch"], result["emulated"]) == ("reproduced", ARCH, False), result["reason"]
     assert result["engine"]["kind"] == "docker" and result["image"]["tag"] and result["local"] is None
     assert "Slurm job" in proc.stderr and len(arrays(runs)) == 1
