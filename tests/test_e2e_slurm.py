@@ -103,15 +103,35 @@ def test_a_bisection_through_slurm_finds_the_boundary_of_the_local_engine_one_ar
     assert not queued("slurm-bisect")
 
 
-def test_a_matrix_through_slurm_is_one_array(tmp_path):
-    path, env = stand_ins(tmp_path, "slurm-matrix", ("0.0.1", "0.0.2", "0.1.0"), PRINT)
+def test_a_matrix_through_slurm_is_one_array_and_a_cell_lost_to_slurm_is_its_error(tmp_path):
+    """All cells in one array; the task of 0.0.3, which sleeps, is cancelled with scancel (as someone
+    else, a node failure or a preemption would end it): that cell is an infrastructure `error` with
+    Slurm's reason, never a verdict, and the other cells go on to theirs."""
+    name = "slurm-matrix"
+    script = PRINT + "import time\nif torch.__version__ == '0.0.3':\n    time.sleep(600)\n"
+    path, env = stand_ins(tmp_path, name, ("0.0.1", "0.0.2", "0.0.3", "0.1.0"), script)
     runs = tmp_path / "runs"
-    proc = run_lab("run", str(path), "--torch", "0.0.1,0.0.2,0.1.0", "--engine", ENGINE, "--out", str(runs),
-                   "--no-diagnose", "--json", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cells = {c["torch"]: c["verdict"] for c in last_json(proc.stdout)["cells"]}
-    assert cells == {"0.0.1": "reproduced", "0.0.2": "reproduced", "0.1.0": "not_reproduced"}
-    assert [n for _, n in arrays(runs)] == [3]
+    proc = subprocess.Popen([*LAB, "run", str(path), "--torch", "0.0.1,0.0.2,0.0.3,0.1.0", "--engine", ENGINE,
+                             "--out", str(runs), "--no-diagnose", "--json"], cwd=ROOT, env={**os.environ, **env},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        running = wait_for(lambda: [log.stem.split("-", 1)[1] for log in runs.glob(".slurm/*/slurm-*.out")
+                                    if "running python" in (text := log.read_text()) and "torch==0.0.3" in text])
+        subprocess.run(["scancel", running[0]], check=True, timeout=20)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    cells = {c["torch"]: c for c in last_json(stdout)["cells"]}
+    assert {v: c["verdict"] for v, c in cells.items()} == {
+        "0.0.1": "reproduced", "0.0.2": "reproduced", "0.0.3": "error", "0.1.0": "not_reproduced"}
+    [lost] = cells["0.0.3"]["runs"]
+    assert f"Slurm job {running[0]} ended CANCELLED" in lost["reason"] and "not a verdict" in lost["reason"]
+    assert lost["run_dir"].endswith(f"slurm-{running[0]}.out") and cells["0.0.3"]["runnable"] == 0
+    assert [n for _, n in arrays(runs)] == [4]
+    assert queued(name) == []
+    assert not sandboxes_of(name)
 
 
 def test_ctrl_c_of_a_bisection_cancels_its_jobs_and_leaves_none_in_squeue(tmp_path):
@@ -213,6 +233,48 @@ def test_a_requeued_task_is_followed_to_its_verdict(tmp_path):
     assert f"Slurm job {task}: RUNNING" in stderr and "(requeued 1x)" in stderr, stderr[-3000:]
 
 
+COMPILE_FAILURE = """import os
+import torch
+print('torch', torch.__version__)
+
+
+class LoweringException(Exception):
+    pass
+
+
+LoweringException.__module__ = 'torch._inductor.exc'
+if os.environ.get('LAB_BACKEND', 'inductor') == 'inductor':
+    raise LoweringException('a lowering failed')
+"""
+
+
+def test_localization_at_a_slurm_boundary_is_one_job_on_its_partition(tmp_path):
+    """`lab localize --engine slurm:lab` (what a bisection through Slurm runs at its boundary): the
+    ablation and the bisector run as one Slurm job on the partition, the node's engine doing every step,
+    and localize.json is written on the shared runs folder (the node's local engine has no image, so
+    compiler_bisector is not run there, and the result says why)."""
+    name = "slurm-localize"
+    path, env = stand_ins(tmp_path, name, ("0.0.1",), COMPILE_FAILURE)
+    path.write_text(path.read_text().replace("stdout_contains: 'torch 0.0.'", "traceback_contains: LoweringException"))
+    runs = tmp_path / "runs"
+    proc = run_lab("localize", str(path), "--torch", "0.0.1", "--engine", ENGINE, "--out", str(runs), "--json",
+                   env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["layer"] == "inductor" and "compiler_bisector was not run" in result["bisector"]["words"]
+    [(job, tasks)] = arrays(runs)
+    assert tasks == 1
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=20)
+    assert "Partition=lab " in shown.stdout
+    [log] = runs.glob(f".slurm/*/slurm-{job}_0.out")
+    assert "backend ablation of torch 0.0.1" in log.read_text()  # the node ran it, not this host
+    ablation = Path(result["ablation_dir"])
+    assert ablation.is_relative_to(runs) and (ablation / "ablation.md").is_file()
+    [folder] = runs.glob(f"{name}/*-localize")  # what the node wrote, on the shared runs folder
+    assert json.loads((folder / "localize.json").read_text()) == result and (folder / "localize.md").is_file()
+    assert not queued(name)
+
+
 def test_a_batch_triage_is_one_array_each_task_a_lab_triage_on_its_node(tmp_path):
     """`lab triage --engine slurm:lab` of several pages: one `sbatch --array`, task i runs `lab triage
     PAGE_i` on its node and writes that issue's folder; the summary is the same as a local batch's
@@ -232,19 +294,61 @@ def test_a_batch_triage_is_one_array_each_task_a_lab_triage_on_its_node(tmp_path
     assert not queued("triage")
 
 
+OTHER = "amd64" if ARCH == "arm64" else "arm64"
+
+
+def remove_image(result: dict) -> None:
+    """The test's own case image (a stand-in torch over the shared base, which stays)."""
+    tag = (result.get("image") or {}).get("tag")
+    if tag:
+        subprocess.run(["docker", "rmi", tag], capture_output=True, timeout=60)
+
+
 @pytest.mark.docker
-@pytest.mark.usefixtures("cpu_torch")
-def test_a_node_with_docker_runs_the_case_on_it(tmp_path, monkeypatch):
-    """A node that has a Docker engine runs its task as the Docker engine does (LAB_SLURM_NODE_ENGINE:
-    `auto` picks it where it answers, as on this host's node): the amd64 control case (the machine's CPU
-    torch, tests/cpu_torch.py) gets its verdict in a container, recorded as the Docker engine's."""
-    from tests.cpu_torch import TORCH
-    monkeypatch.setenv("LAB_SLURM_NODE_ENGINE", "auto")
+@pytest.mark.arm64
+def test_a_case_of_the_other_arch_runs_emulated_on_a_partition_whose_nodes_run_docker(tmp_path, monkeypatch,
+                                                                                       request):
+    """LAB_SLURM_NODE_ENGINE=docker: partition lab (amd64 nodes) also takes arm64 cases, emulated. The
+    cheapest arm64 case (a stand-in torch, one print on the arm64 base: the image and base are shared
+    with earlier runs of it) goes there as a Slurm task, the node's Docker engine runs it under QEMU, and
+    its verdict, result and report are the Docker engine's, marked emulated (measured on the 2-core
+    test host, busy: 2 min cold, 1 min warm; the run itself is 6-8 s of it)."""
+    monkeypatch.setenv("LAB_SLURM_NODE_ENGINE", "docker")
+    machine = {"arm64": "aarch64", "amd64": "x86_64"}[OTHER]
+    path, env = stand_ins(tmp_path, "slurm-emulated", ("0.0.1",),
+                          "import platform\nimport torch\nprint('torch', torch.__version__, platform.machine())\n")
+    path.write_text(path.read_text().replace(f"arch: {ARCH}", f"arch: {OTHER}")
+                    .replace("'torch 0.0.'", f"'torch 0.0.1 {machine}'"))
     runs = tmp_path / "runs"
-    proc = run_lab("run", "libgomp-amd64", *TORCH.args, "--engine", ENGINE, "--out", str(runs), "--no-diagnose",
-                   "--json")
+    proc = run_lab("run", str(path), "--engine", ENGINE, "--out", str(runs), "--no-diagnose", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(emulated with QEMU)" in proc.stderr and "submitted to partition lab " in proc.stderr
+    result = last_json(proc.stdout)
+    request.addfinalizer(lambda: remove_image(result))
+    assert (result["verdict"], result["arch"], result["emulated"]) == ("reproduced", OTHER, True), result["reason"]
+    assert result["engine"]["kind"] == "docker" and result["image"]["tag"] and result["local"] is None
+    [(job, _)] = arrays(runs)
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=20)
+    node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    assert "Partition=lab " in shown.stdout and f"NodeList={node} " in shown.stdout
+    report = (Path(result["run_dir"]) / "report.md").read_text()
+    assert f"on linux/{OTHER}, emulated with QEMU" in report and "- Emulated: yes" in report
+
+
+@pytest.mark.docker
+def test_a_node_with_docker_runs_the_case_on_it(tmp_path, monkeypatch, request):
+    """A node that has a Docker engine runs its task as the Docker engine does (LAB_SLURM_NODE_ENGINE:
+    `auto` picks it where it answers, as on this host's node): the case gets its verdict in a container,
+    recorded as the Docker engine's. The case is the cheapest one, a stand-in torch of this host's arch
+    (the machine's CPU torch running libgomp-amd64 took 256 s of this file's 347 s on the busy test host)."""
+    monkeypatch.setenv("LAB_SLURM_NODE_ENGINE", "auto")
+    path, env = stand_ins(tmp_path, "slurm-docker-node", ("0.0.1",), PRINT)
+    runs = tmp_path / "runs"
+    proc = run_lab("run", str(path), "--engine", ENGINE, "--out", str(runs), "--no-diagnose", "--json", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
-    assert result["verdict"] == "not_reproduced" and result["evidence"]["duplicate_runtimes"] == []
-    assert result["engine"]["kind"] == "docker" and result["image"]["tag"], result["engine"]
+    request.addfinalizer(lambda: remove_image(result))
+    assert (result["verdict"], result["arch"], result["emulated"]) == ("reproduced", ARCH, False), result["reason"]
+    assert result["engine"]["kind"] == "docker" and result["image"]["tag"] and result["local"] is None
     assert "Slurm job" in proc.stderr and len(arrays(runs)) == 1
+    assert (Path(result["run_dir"]) / "report.md").is_file()

@@ -25,6 +25,7 @@ from lab.cli.options import (
 )
 from lab.cli.output import COLOURS, Progress, err, log, print_json, print_outcome, say
 from lab.core import exitcodes as codes
+from lab.core.errors import RunLost
 from lab.core.results import MatrixResult, read_document
 from lab.drivers.ablate import run_ablation
 from lab.drivers.matrix import matrix_result, run_matrix, write_matrix_folder
@@ -134,8 +135,12 @@ def _matrix(request: RunRequest, plan: RunPlan, fleet, runs_root: Path, as_json:
             print_outcome(outcome)
             return outcome.result
 
-        return on_engine(fleet, case.arch.value, case.scenario.gpu, f"cell {case.name}", on,
-                         lambda st, m: log.warning(m) if st == "engine" else None)
+        try:
+            return on_engine(fleet, case.arch.value, case.scenario.gpu, f"cell {case.name}", on,
+                             lambda st, m: log.warning(m) if st == "engine" else None)
+        except RunLost as exc:  # recorded as the cell's error by run_matrix; the other cells go on
+            err.print(f"[bold]{label}[/]: [yellow]error[/] (no verdict): {escape(exc.message)}", soft_wrap=True)
+            raise
 
     cells = run_matrix(cases, run_one, repeat, workers=workers,
                        on_interrupt=lambda: remove_containers(fleet.live_engines()))

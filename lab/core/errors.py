@@ -68,3 +68,14 @@ class ConfigError(LabError):
             where = ", ".join(filter(None, [file, f"line {line}" if line else None,
                                             f"key `{field}`" if field else None]))
         super().__init__(f"{where}: {message}" if where else message, hint)
+
+
+class RunLost(LabError):
+    """A run that its infrastructure ended before its outcome (a scheduler's node failure, preemption,
+    a cancel by someone else): an infrastructure error for that run, never a verdict. A matrix records
+    it as that cell's error and goes on; a bisection skips the probe. `where` names what is left of it
+    (the scheduler's log of the task)."""
+
+    def __init__(self, message: str, where: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.where = where

@@ -148,7 +148,10 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
              run_case: RunCase | None = None,
              read_source: Callable[[str], str | None] | None = None) -> LocalizeResult:
     """The ablation, then compiler_bisector, on the image of `case`; writes localize.json and
-    localize.md into `folder`."""
+    localize.md into `folder`. A scheduler's engine (Slurm) runs all of it as one job on its partition,
+    as it runs a probe, and hands back the result its node wrote."""
+    if getattr(type(engine), "localize_elsewhere", None) is not None:  # (lab.engine.slurm.SlurmEngine)
+        return engine.localize_elsewhere(case, host, runs_root, folder, events)
     folder.mkdir(parents=True, exist_ok=True)
     case = replace(case, backend=None, mode=None)
     if case.scenario.ablation.via == "none":

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lab.core.errors import ScenarioError
+from lab.core.errors import RunLost, ScenarioError
 from lab.core.results import (
     FailureSignature,
     FailureSignatures,
@@ -130,10 +130,22 @@ def _parse_k(expression: str) -> Callable[[str], bool]:
 
 
 # --- running ------------------------------------------------------------------
+@dataclass(frozen=True)
+class LostRun:
+    """A run its infrastructure ended before its outcome (RunLost: a Slurm task's node failed, it was
+    preempted or cancelled by someone else): the cell's `error` with the reason, never a verdict about
+    the bug; `run_dir` is what is left of it (the task's Slurm log)."""
+
+    reason: str
+    run_dir: str
+    verdict: Verdict = Verdict.ERROR
+    signature: None = None
+
+
 @dataclass
 class Cell:
     case: Case
-    results: list[RunResult] = field(default_factory=list)  # one per repeat
+    results: list[RunResult | LostRun] = field(default_factory=list)  # one per repeat
 
     @property
     def name(self) -> str:
@@ -184,10 +196,11 @@ class Cell:
 
 
 def run_matrix(cases: list[Case], run_one: Callable[[Case, int], RunResult], repeat: int = 1,
-               on_result: Callable[[Cell, RunResult], None] | None = None, *, workers: int = 1,
+               on_result: Callable[[Cell, RunResult | LostRun], None] | None = None, *, workers: int = 1,
                on_interrupt: Callable[[], None] = lambda: None) -> list[Cell]:
     """Run each case `repeat` times (`run_one(case, i)` runs it once and returns its result),
-    `workers` runs at once; each cell's results stay in the order of its repeats."""
+    `workers` runs at once; each cell's results stay in the order of its repeats. A run lost to its
+    infrastructure (`run_one` raises RunLost) is recorded as that run's `error` and the others go on."""
     if repeat < 1:
         raise ScenarioError(f"--repeat must be 1 or more, not {repeat}.", field="--repeat")
     cells = [Cell(c) for c in cases]
@@ -196,7 +209,11 @@ def run_matrix(cases: list[Case], run_one: Callable[[Case, int], RunResult], rep
 
     def one(task: tuple[Cell, int]) -> RunResult:
         cell, i = task
-        result = run_one(cell.case, i)
+        result: RunResult | LostRun
+        try:
+            result = run_one(cell.case, i)
+        except RunLost as exc:
+            result = LostRun(reason=exc.message[:400], run_dir=exc.where)
         if on_result:
             with lock:
                 on_result(cell, result)

@@ -1,9 +1,11 @@
-"""One task of a Slurm array (lab.engine.slurm): runs one case on this node with the local engine.
+"""One task of a Slurm array (lab.engine.slurm): runs one case on this node with the node's engine.
 
 `python -m lab.drivers.slurm_task FOLDER` reads `FOLDER/task-<SLURM_ARRAY_TASK_ID>.pkl` (the case, its
 runs folder and run options, written by the lab that submitted the array, on the shared filesystem),
 runs it with lab.pipeline.run_case as `--engine local` would (uv venv, bubblewrap), and writes
-`task-<i>.out.pkl`: the RunOutcome, or the error that stopped the case before a verdict. Its progress
+`task-<i>.out.pkl`: the RunOutcome, or the error that stopped the case before a verdict. A task
+whose `job` is `localize` localizes its case instead (lab.drivers.localize, into the task's `folder`)
+and writes the LocalizeResult. Its progress
 goes to the task's Slurm log. The host's pip settings are read here, from this node's environment.
 """
 
@@ -21,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lab.core.errors import EngineError, LabError
+from lab.drivers.localize import localize
 from lab.engine.engines import connect, current_spec, parse_spec
 from lab.engine.protocol import Engine
 from lab.image.hostpip import discover
@@ -71,7 +74,11 @@ def run_task(folder: Path, index: int) -> int:
     signal.signal(signal.SIGINT, stop)
     out = folder / f"task-{index}.out.pkl"
     try:
-        outcome = run_case(task["case"], engine, discover(), Path(task["runs_root"]), events, **options)
+        if task.get("job") == "localize":  # a boundary's localization (lab.drivers.localize), as one task
+            outcome = localize(task["case"], engine, discover(), Path(task["runs_root"]), Path(task["folder"]),
+                               events, run_case=run_case)
+        else:
+            outcome = run_case(task["case"], engine, discover(), Path(task["runs_root"]), events, **options)
         answer: dict = {"outcome": outcome}
     except LabError as exc:
         log.error("no verdict: %s", exc)

@@ -16,7 +16,8 @@ tasks' Slurm logs. The host's pip settings are read again on the node (never wri
 The lab waits through `squeue --states=all` (`sacct` where accounting answers), emits each task's
 job id, state and node as progress events, and follows a requeued task. A task that ends without
 its run's outcome (NODE_FAIL, PREEMPTED, BOOT_FAIL, CANCELLED by someone else, TIMEOUT, OUT_OF_MEMORY)
-is `SlurmTaskLost`: an infrastructure error for that case (a bisection's skip), never a verdict.
+is `SlurmTaskLost` (a RunLost): an infrastructure error for that case (a bisection's skip, a matrix
+cell's `error`), never a verdict. A boundary's localization is one task too (`localize_elsewhere`).
 Ctrl-C cancels the lab's own jobs (`scancel`) and waits until squeue no longer lists them.
 
 uv's cache (the lab's cache folder) goes to the tasks as LAB_CACHE_DIR: `LAB_SLURM_CACHE`, else the
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.core.arch import Arch
-from lab.core.errors import EngineError, LabError
+from lab.core.errors import EngineError, LabError, RunLost
 from lab.engine.local_engine import LocalEngine, LocalOptions
 
 SLURM = "slurm"
@@ -58,9 +59,9 @@ class SlurmError(EngineError):
     """Slurm does not answer, or refused a submission (sbatch, squeue, scontrol failed)."""
 
 
-class SlurmTaskLost(LabError):
+class SlurmTaskLost(RunLost):
     """A task ended without its run's outcome (node failure, preemption, cancelled by someone else,
-    time limit): an infrastructure error for that case, never a verdict."""
+    time limit): an infrastructure error for that case, never a verdict (`where`: the task's Slurm log)."""
 
 
 class SlurmTaskFailed(LabError):
@@ -388,9 +389,22 @@ class SlurmEngine(LocalEngine):
         """Run one case as a task of an array (lab.pipeline.run_case hands it here) and return its
         RunOutcome, read back from what the task wrote. SlurmTaskLost when the task ended without one."""
         del host  # the node reads its own pip settings: nothing of the host's credentials is written down
-        task = {"case": case, "runs_root": str(runs_root), "options": options, "local": self.options,
-                "node_engine": self.node_engine,
-                "cache": self.cache}
+        return self._hand_over({"case": case, "runs_root": str(runs_root), "options": options}, case, runs_root,
+                               events)
+
+    def localize_elsewhere(self, case, host, runs_root: Path, folder: Path, events: Callable[[str, str], None]):
+        """Localize `case` (lab.drivers.localize: the backend ablation, then compiler_bisector) as one Slurm
+        job on this partition, as a probe runs: the node's engine runs every step (its Docker engine runs
+        the bisector in the case's image; its local engine has no image, and the result says so), writes
+        localize.json and localize.md into `folder` on the shared runs folder, and its LocalizeResult
+        comes back. SlurmTaskLost when the task ended without one."""
+        del host
+        return self._hand_over({"job": "localize", "case": case, "runs_root": str(runs_root), "folder": str(folder),
+                                "options": {}}, case, runs_root, events)
+
+    def _hand_over(self, task: dict, case, runs_root: Path, events: Callable[[str, str], None]):
+        """`task` as one task of the array now gathering (a new one if none is), then its answer."""
+        task = {**task, "local": self.options, "node_engine": self.node_engine, "cache": self.cache}
         with self._gather:
             if self._open is None:
                 folder = Path(runs_root) / ".slurm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
@@ -526,7 +540,8 @@ class SlurmEngine(LocalEngine):
         log = array.folder / f"slurm-{array.job}_{index}.out"
         raise SlurmTaskLost(f"Slurm job {task_id} ended {st.state}{where}"
                             + (f" ({st.reason})" if st.reason and st.reason != "None" else "")
-                            + f" before its run finished: an infrastructure error, not a verdict (log: {log})")
+                            + f" before its run finished: an infrastructure error, not a verdict (log: {log})",
+                            where=str(log))
 
     def remove_session_containers(self) -> int:
         """Ctrl-C: cancel every job this engine submitted, and wait until squeue lists none of them."""

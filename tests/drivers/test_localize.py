@@ -96,3 +96,23 @@ def test_on_the_local_engine_the_bisector_is_not_run_and_the_reason_is_said(tmp_
     assert "local engine" in result.bisector.words and "lab localize compile-py311 --torch 2.0.1" in \
         result.bisector.words
     assert read_document(tmp_path / "localize" / "localize.json", LocalizeResult) == result
+
+
+def test_a_schedulers_engine_runs_the_whole_localization_as_one_job(tmp_path):
+    """A Slurm partition's engine (localize_elsewhere) gets the whole localization, to run as one job
+    on its partition; nothing of it (ablation, image, bisector) runs here."""
+    from lab.drivers.localize import localize
+
+    handed = []
+
+    class Scheduler:
+        def localize_elsewhere(self, case, host, runs_root, folder, events):
+            handed.append((case.torch, runs_root, folder))
+            return "the node's LocalizeResult"
+
+        def __getattr__(self, name):  # anything else is a step run here: a failure of the test
+            raise AssertionError(f"the scheduler's engine was asked for {name}")
+
+    case = resolve(load_scenario("compile-py311"), torch="2.0.1", arch="amd64")
+    assert localize(case, Scheduler(), None, tmp_path, tmp_path / "localize") == "the node's LocalizeResult"
+    assert handed == [("2.0.1", tmp_path, tmp_path / "localize")] and not (tmp_path / "localize").exists()

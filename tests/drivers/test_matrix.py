@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.core.errors import ScenarioError
+from lab.core.errors import RunLost, ScenarioError
 from lab.core.results import MatrixResult
 from lab.drivers.matrix import Cell, expand, matrix_result, run_matrix, select, split_list
 from tests.conftest import fake_result, tiny_scenario
@@ -79,6 +79,36 @@ def test_run_matrix_repeats_and_rates(scenario):
     assert [c["cell"] for c in data["cells"]] == list(answers)
     assert data["cells"][0]["rate"] == pytest.approx(2 / 3, abs=1e-4)
     assert [r["verdict"] for r in data["cells"][0]["runs"]] == answers["m[torch=2.5.1,arch=amd64]"]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_run_lost_to_its_infrastructure_is_that_cells_error_and_the_others_go_on(scenario, workers):
+    """A Slurm task ended by NODE_FAIL, preemption or someone's scancel raises RunLost: the cell
+    records an `error` run with the reason and the task's log, never a verdict, and the matrix goes on."""
+    cases = select(expand(scenario), "amd64")
+    lost, kept = cases[0].name, cases[1].name
+
+    def run_one(case, i):
+        if case.name == lost and i == 1:
+            raise RunLost("Slurm job 7_1 ended NODE_FAIL before its run finished: not a verdict",
+                          where="/r/slurm-7_1.out")
+        return fake_result(case, "reproduced", f"runs/{case.name}/{i}")
+
+    cells = run_matrix(cases, run_one, repeat=2, workers=workers)
+    assert [c.verdicts for c in cells] == [["reproduced", "error"], ["reproduced", "reproduced"]]
+    assert cells[0].verdict == "mixed" and cells[0].runnable == 1 and cells[1].name == kept
+    data = matrix_result(scenario, cells).to_json()
+    run = data["cells"][0]["runs"][1]
+    assert run == {"verdict": "error", "run_dir": "/r/slurm-7_1.out",
+                   "reason": "Slurm job 7_1 ended NODE_FAIL before its run finished: not a verdict"}
+
+
+def test_any_other_error_of_a_run_still_stops_the_matrix(scenario):
+    def run_one(case, i):
+        raise ScenarioError("bad input")
+
+    with pytest.raises(ScenarioError):
+        run_matrix(expand(scenario), run_one)
 
 
 def test_cell_words(scenario):
