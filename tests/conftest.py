@@ -153,6 +153,29 @@ def run_lab(*args: str, timeout: float = 3000, env: dict | None = None,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
+class SharedRuns:
+    """`lab run` of a scenario that several tests assert on (test_e2e's checks of the run itself,
+    test_e2e_bundle's round trip of its folder): made once per session, in one folder, rather than
+    once per test (an emulated arm64 run costs a minute or more)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._made: dict[tuple[str, ...], dict] = {}
+
+    def run(self, *args: str) -> dict:
+        """The `--json` answer of `lab run ARGS --out <the session's folder>`, run now if this session has not."""
+        if args not in self._made:
+            proc = run_lab("run", *args, "--out", str(self.folder), "--json")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            self._made[args] = last_json(proc.stdout)
+        return self._made[args]
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> SharedRuns:
+    return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
+
+
 def last_json(stdout: str) -> dict:
     lines = [ln for ln in stdout.strip().splitlines() if ln.strip()]
     assert lines, "no stdout"
