@@ -4,10 +4,12 @@ no engine answers at all, and CI (`.ci/run`) starts one first, so there they alw
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,27 @@ def _no_cache_eviction(monkeypatch):
     """Runs in tests enforce the cache cap like any run; a cap no test reaches keeps them from evicting
     what others on a shared engine or cache folder use. Tests of eviction set their own cap."""
     monkeypatch.setenv("LAB_CACHE_CAP", "1000TB")
+
+
+SWEEP_LOCK = Path(tempfile.gettempdir()) / f"torch-repro-lab-tests-{os.getuid()}.lock"
+
+
+@pytest.fixture(autouse=True)
+def _sweeps_run_alone(request):
+    """bin/test runs the local engine's real runs beside the Docker runs (two pytest processes). A test
+    that sweeps away what was made while it ran (`frees_its_cuda_build`: the lab's new images, site
+    trees and venvs, uv's cache) would take the other process's too: it holds this lock exclusively,
+    and every other real run holds it shared, so such a test starts when the other process's current
+    test ends and runs alone. Tests that run nothing real take no lock."""
+    if not any(mark in request.node.keywords for mark in ("docker", "local", "slurm")):
+        yield
+        return
+    from tests.cpu_torch import TORCH
+    sweeps = "frees_its_cuda_build" in request.fixturenames or (
+        "cpu_torch" in request.fixturenames and TORCH.cuda_build)
+    with SWEEP_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if sweeps else fcntl.LOCK_SH)
+        yield
 
 
 @pytest.fixture
@@ -124,6 +147,9 @@ def slurm_answers() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # bin/test keeps them out of the local runs it starts beside the Docker runs
+        if "frees_its_cuda_build" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.sweeps)
     if os.environ.get("CI"):
         return  # in CI a missing engine or browser must fail their tests, not skip them
     if any("docker" in item.keywords for item in items) and not engine_answers():
