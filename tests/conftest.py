@@ -4,10 +4,12 @@ no engine answers at all, and CI (`.ci/run`) starts one first, so there they alw
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,27 @@ def _no_cache_eviction(monkeypatch):
     """Runs in tests enforce the cache cap like any run; a cap no test reaches keeps them from evicting
     what others on a shared engine or cache folder use. Tests of eviction set their own cap."""
     monkeypatch.setenv("LAB_CACHE_CAP", "1000TB")
+
+
+SWEEP_LOCK = Path(tempfile.gettempdir()) / f"torch-repro-lab-tests-{os.getuid()}.lock"
+
+
+@pytest.fixture(autouse=True)
+def _sweeps_run_alone(request):
+    """bin/test runs the local engine's real runs beside the Docker runs (two pytest processes). A test
+    that sweeps away what was made while it ran (`frees_its_cuda_build`: the lab's new images, site
+    trees and venvs, uv's cache) would take the other process's too: it holds this lock exclusively,
+    and every other real run holds it shared, so such a test starts when the other process's current
+    test ends and runs alone. Tests that run nothing real take no lock."""
+    if not any(mark in request.node.keywords for mark in ("docker", "local", "slurm")):
+        yield
+        return
+    from tests.cpu_torch import TORCH
+    sweeps = "frees_its_cuda_build" in request.fixturenames or (
+        "cpu_torch" in request.fixturenames and TORCH.cuda_build)
+    with SWEEP_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if sweeps else fcntl.LOCK_SH)
+        yield
 
 
 @pytest.fixture
@@ -124,6 +147,9 @@ def slurm_answers() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # bin/test keeps them out of the local runs it starts beside the Docker runs
+        if "frees_its_cuda_build" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.sweeps)
     if os.environ.get("CI"):
         return  # in CI a missing engine or browser must fail their tests, not skip them
     if any("docker" in item.keywords for item in items) and not engine_answers():
@@ -151,6 +177,29 @@ def run_lab(*args: str, timeout: float = 3000, env: dict | None = None,
     itself was started from."""
     return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+class SharedRuns:
+    """`lab run` of a scenario that several tests assert on (test_e2e's checks of the run itself,
+    test_e2e_bundle's round trip of its folder): made once per session, in one folder, rather than
+    once per test (an emulated arm64 run costs a minute or more)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._made: dict[tuple[str, ...], dict] = {}
+
+    def run(self, *args: str) -> dict:
+        """The `--json` answer of `lab run ARGS --out <the session's folder>`, run now if this session has not."""
+        if args not in self._made:
+            proc = run_lab("run", *args, "--out", str(self.folder), "--json")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            self._made[args] = last_json(proc.stdout)
+        return self._made[args]
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> SharedRuns:
+    return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 
 def last_json(stdout: str) -> dict:

@@ -38,8 +38,9 @@ def runs(tmp_path_factory) -> Path:
 
 
 @pytest.mark.arm64
-def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(runs):
-    result, _ = lab_run("libgomp-aarch64", out=runs)
+def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(shared_runs):
+    # the session's run of it: test_e2e_bundle bundles and replays this same run folder
+    result = shared_runs.run("libgomp-aarch64")
     assert result["verdict"] == "reproduced", result
     assert result["arch"] == "arm64" and result["emulated"] is True and result["torch"] == "2.5.1"
     dups = [d for d in result["evidence"]["duplicate_runtimes"] if d["family"] == "libgomp"]
@@ -62,17 +63,16 @@ def test_libgomp_aarch64_reproduces_with_both_libgomps_in_one_pid(runs):
     assert json.loads((run_dir / "result.json").read_text()) == result
 
 
-def in_the_arm64_image(runs: Path, script: str) -> str:
+def in_the_arm64_image(shared_runs, script: str) -> str:
     """What `sh -c script` prints, run as root with no network in libgomp-aarch64's image (the
-    session's run of it, or a run made now)."""
-    found = sorted((runs / "libgomp-aarch64").glob("*/result.json"))
-    result = json.loads(found[-1].read_text()) if found else lab_run("libgomp-aarch64", out=runs)[0]
+    session's run of it, made now if no test made it yet)."""
+    result = shared_runs.run("libgomp-aarch64")
     return docker.from_env().containers.run(result["image"]["tag"], ["sh", "-c", script], platform="linux/arm64",
                                             user="root", network_disabled=True, remove=True).decode()
 
 
 @pytest.mark.arm64
-def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
+def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(shared_runs):
     """The bootstrap updated ca-certificates on the host (lab.image.cacerts), not under QEMU:
     in the image, Debian's update-ca-certificates, run again from scratch, finds nothing to change,
     and no diversion of it is left. The packages' data was decompressed natively (lab.image.
@@ -85,7 +85,7 @@ def test_the_arm64_base_has_the_ca_store_debians_own_tool_makes(runs):
               "ls /var/lib/torch-repro-lab-bootstrap /var/lib/torch-repro-lab-perl /usr/lib/x86_64-linux-gnu 2>&1; "
               "stat -c 'links=%h' /usr/bin/perl; perl -MPOSIX -e 'print floor(2.5), qq(\\n)'; echo ---; "
               f"update-ca-certificates --fresh >/dev/null; {listing}")
-    out = in_the_arm64_image(runs, script)
+    out = in_the_arm64_image(shared_runs, script)
     made, diversions, again = out.split("---\n")
     assert made == again
     links = [line.split(" ", 2)[1:] for line in made.splitlines() if line.startswith("l ")]
@@ -116,7 +116,7 @@ print(same, other)
 
 
 @pytest.mark.arm64
-def test_the_arm64_base_has_the_byte_code_its_own_python_writes(runs):
+def test_the_arm64_base_has_the_byte_code_its_own_python_writes(shared_runs):
     """The bootstrap's byte-compilation ran on the host's Python (lab.image.nativepython): in the
     image, the arm64 Python compiles every module of its standard library again to the same bytes,
     py_compile.py included (its stand-in stood at that path meanwhile); py_compile.py is the
@@ -124,7 +124,7 @@ def test_the_arm64_base_has_the_byte_code_its_own_python_writes(runs):
     script = (f"python3 -E -S -c '{BYTE_CODE_CHECK}'; echo ---; dpkg-divert --list; "
               "dpkg --verify libpython3.11-minimal; ls /var/lib/torch-repro-lab-python 2>&1; "
               "grep -c torch-repro-lab /usr/lib/python3.11/py_compile.py; true")
-    out = in_the_arm64_image(runs, script)
+    out = in_the_arm64_image(shared_runs, script)
     checked, left = out.split("---\n")
     same, other = checked.split(" ", 1)
     assert int(same) > 500 and other.strip() == "[]", checked
@@ -133,8 +133,10 @@ def test_the_arm64_base_has_the_byte_code_its_own_python_writes(runs):
 
 
 @pytest.mark.arm64
-def test_dlpack_cpu_reproduces_with_the_dynamo_message(runs):
-    result, _ = lab_run("dlpack-cpu", out=runs)
+def test_dlpack_cpu_reproduces_with_the_dynamo_message(shared_runs):
+    # the session's run, which test_e2e_bundle also bundles and replays; --no-diagnose: the second
+    # emulated run of the diagnose step asserts nothing here (test_graph_break_explain runs that step)
+    result = shared_runs.run("dlpack-cpu", "--no-diagnose")
     assert result["verdict"] == "reproduced", result
     exc = result["evidence"]["exception"]
     assert exc["type"].endswith("Unsupported")
