@@ -28,8 +28,10 @@ loopback) that can bind the lab's cache folder (not so where the lab itself runs
 the host's socket, as compose.yaml does: its cache is not on the engine's host). Remote engines
 (ssh://, tcp:// to another machine) cannot see the host's folders and keep the layers. Only a tree
 that holds every requirement (nothing left to pip in the image but, where a package needs it, an
-upgrade of the venv's own setuptools or pip), built from the lab's own Dockerfile (not a replay's
-sealed build, nor a bundle's own Dockerfile), and only when the `site_mount` setting is on.
+upgrade of the venv's own setuptools or pip, which a replay's sealed build, having no index, cannot
+make), built from the lab's own Dockerfile (a replay's re-render is one; a bundle's own Dockerfile is
+not), and only when the `site_mount` setting is on. A replay of a run that mounted its tree mounts it
+too, so it gets the very image of the original run.
 """
 
 from __future__ import annotations
@@ -119,8 +121,6 @@ def mount_decision(plan, on_this_host: bool, own_dockerfile: bool,
         return MountDecision(False, "nothing was cross-installed: pip installs the requirements in the image")
     if not on_this_host:
         return MountDecision(False, "the engine is not on this host and cannot see its folders: the tree is a layer")
-    if plan.sealed is not None:
-        return MountDecision(False, "a replay's sealed build keeps the tree as a layer")
     if not own_dockerfile:
         return MountDecision(False, "the Dockerfile is not the lab's own rendering: the tree is a layer")
     if site.target is None:
@@ -134,6 +134,9 @@ def mount_decision(plan, on_this_host: bool, own_dockerfile: bool,
         venv_pip = tuple(seeded_requirements(site.root, site.target))
         if not needs or not venv_pip or len(needs) != _readable(site.root, site.target):
             return MountDecision(False, "the tree is not complete (pip checks it in the image): the tree is a layer")
+    if plan.sealed is not None and venv_pip:
+        return MountDecision(False, "a replay's sealed build has no index for the venv's own setuptools or pip: "
+                                    "the tree is a layer")
     try:
         site_binds(site.root, site.target.python)
     except (ValueError, OSError) as exc:
