@@ -11,8 +11,8 @@ from datetime import date
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["BRANCH_CUTS", "RELEASES", "MIN_CP311", "MIN_COMPILE", "before", "first_of", "newest", "normalize",
-           "on_date", "shipped_after"]
+__all__ = ["BRANCH_CUTS", "CUT_1_13", "RELEASES", "MIN_CP311", "MIN_COMPILE", "before", "first_of", "newest",
+           "normalize", "on_date", "python_for", "shipped_after", "wheel_pythons"]
 
 RELEASES: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v, d in (
     ("1.13.0", "2022-10-28"), ("1.13.1", "2022-12-15"), ("2.0.0", "2023-03-15"), ("2.0.1", "2023-05-08"),
@@ -35,8 +35,50 @@ BRANCH_CUTS: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for
     ("2.9", "2025-09-30"), ("2.10", "2025-12-31"), ("2.11", "2026-02-16"), ("2.12", "2026-04-13"),
     ("2.13", "2026-06-08"), ("2.14", "2026-08-10"), ("2.15", "2026-10-05"), ("2.16", "2026-11-30"),
 ))
+# 1.13's cut is not in that table either: "[v.1.13.0] Release Tracker" (pytorch/pytorch#86312, opened
+# 2022-10-05) says the release/1.13 branch had been cut; 1.12.0 was out on 2022-06-28, so main between
+# the two was 1.13's code. A 1.13.0.devYYYYMMDD nightly of September 2022 is therefore rightly 1.13.0: a
+# bug fixed on main before 2022-10-05 never shipped in a 1.13 release.
+CUT_1_13 = date(2022, 10, 5)
+RELEASE_1_12 = date(2022, 6, 28)
+# CPython versions each release has x86-64 Linux wheels for (PyPI's files for torch, read 2026-11-28).
+# Before 1.13.0 there is no cp311 wheel; from 2.9.0 no cp39 and from 2.15.0 no cp310 wheel.
+_PY = {"1.10": ("3.8", "3.9"), "1.11": ("3.8", "3.9", "3.10"), "1.12": ("3.8", "3.9", "3.10"),
+       "1.13": ("3.8", "3.9", "3.10", "3.11"), "2.0": ("3.8", "3.9", "3.10", "3.11"),
+       "2.1": ("3.8", "3.9", "3.10", "3.11"), "2.2": ("3.8", "3.9", "3.10", "3.11", "3.12"),
+       "2.3": ("3.8", "3.9", "3.10", "3.11", "3.12"), "2.4": ("3.8", "3.9", "3.10", "3.11", "3.12"),
+       "2.5": ("3.9", "3.10", "3.11", "3.12", "3.13"), "2.6": ("3.9", "3.10", "3.11", "3.12", "3.13"),
+       "2.7": ("3.9", "3.10", "3.11", "3.12", "3.13"), "2.8": ("3.9", "3.10", "3.11", "3.12", "3.13"),
+       "2.15": ("3.11", "3.12", "3.13", "3.14", "3.15")}
+_PY_2_9_ON = ("3.10", "3.11", "3.12", "3.13", "3.14")  # 2.9.0 to 2.14.1
 MIN_CP311 = "1.13.0"   # the first torch with CPython 3.11 wheels (debian:bookworm's python3)
 MIN_COMPILE = "2.0.0"  # the first with torch.compile and torch._dynamo
+
+
+def wheel_pythons(version: str) -> tuple[str, ...]:
+    """The CPython versions (X.Y) a release has x86-64 Linux wheels for; () for one the table does not
+    know (older than 1.10, or newer than 2.15 and so probably like 2.15)."""
+    v = Version(Version(version).base_version)
+    minor = f"{v.major}.{v.minor}"
+    if minor in _PY:
+        return _PY[minor]
+    if Version("2.9") <= v < Version("2.15"):
+        return _PY_2_9_ON
+    return _PY["2.15"] if v > Version("2.15") else ()
+
+
+def python_for(version: str, preferred: str | None) -> str | None:
+    """The Python to run `version` in: `preferred` (a base's python3) when the release has wheels for it,
+    else the newest it has wheels for that is older than `preferred` (or, when none is older, the
+    oldest newer one); None when the table does not know the release."""
+    tags = wheel_pythons(version)
+    if not tags:
+        return None
+    if preferred is None or preferred in tags:
+        return preferred or tags[-1]
+    key = Version(preferred)
+    older = [t for t in tags if Version(t) < key]
+    return older[-1] if older else tags[0]
 
 
 def newest() -> str:
@@ -69,6 +111,8 @@ def shipped_after(day: date) -> tuple[str, str] | None:
     release of the first minor whose branch was cut on or after that day. None before 2.1's cut, or
     when that release is not out yet (then the newest is the nearest, said by the caller)."""
     previous = next(d for v, d in RELEASES if v == "2.0.0")  # 2.0's cut came before its release
+    if RELEASE_1_12 < day <= CUT_1_13:
+        return "1.13.0", f"main on {day} shipped first in 1.13.0 (its branch was cut by {CUT_1_13:%Y-%m-%d})"
     if day <= previous:
         return None  # 2.0's cut is not in the table: before 2.0.0 was out, main may be 2.0's or 2.1's
     for minor, cut in BRANCH_CUTS:
