@@ -12,7 +12,7 @@ from datetime import date
 from packaging.version import InvalidVersion, Version
 
 __all__ = ["BRANCH_CUTS", "CUT_1_13", "RELEASES", "MIN_CP311", "MIN_COMPILE", "before", "first_of", "newest",
-           "normalize", "on_date", "python_for", "shipped_after", "wheel_pythons"]
+           "normalize", "OLDER", "on_date", "python_for", "shipped_after", "wheel_pythons"]
 
 RELEASES: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v, d in (
     ("1.13.0", "2022-10-28"), ("1.13.1", "2022-12-15"), ("2.0.0", "2023-03-15"), ("2.0.1", "2023-05-08"),
@@ -23,6 +23,13 @@ RELEASES: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v,
     ("2.9.0", "2025-10-15"), ("2.9.1", "2025-11-12"), ("2.10.0", "2026-01-21"), ("2.11.0", "2026-03-23"),
     ("2.12.0", "2026-05-13"), ("2.12.1", "2026-06-17"), ("2.13.0", "2026-07-08"), ("2.14.0", "2026-09-02"),
     ("2.14.1", "2026-09-30"), ("2.15.0", "2026-10-28"),
+))
+# Releases before 1.13.0, which have no CPython 3.11 wheel: a page that names one keeps it, and its
+# scenario gets a base whose python3 the release has wheels for (lab.issue.infer._base). Not used to
+# place a date (`on_date`), only a version the page names.
+OLDER: tuple[tuple[str, date], ...] = tuple((v, date.fromisoformat(d)) for v, d in (
+    ("1.10.0", "2021-10-21"), ("1.10.1", "2021-12-15"), ("1.10.2", "2022-01-27"), ("1.11.0", "2022-03-10"),
+    ("1.12.0", "2022-06-28"), ("1.12.1", "2022-08-05"),
 ))
 # When each release branch was cut from main: code on main up to that day first shipped in that minor
 # release. From the "Release cadence table" of pytorch/pytorch's RELEASE.md (read through the search
@@ -140,6 +147,11 @@ def normalize(text: str) -> tuple[str, str | None]:
         kind = ("a nightly" if public.is_devrelease and not public.pre else
                 "a release candidate" if public.pre and public.pre[0] == "rc" and not v.local else "a source build")
         own = first_of(text)
+        shipped = next((r for r, _ in OLDER if Version(r) == Version(public.base_version)), None)
+        if shipped is not None:
+            py = python_for(shipped, "3.11")
+            return shipped, f"{text} is {kind} of {public.base_version}: {shipped}, the release that first " \
+                            f"shipped its code (no wheel for Python 3.11: a base with Python {py})"
         if Version(public.base_version) < Version(RELEASES[0][0]):
             return RELEASES[0][0], f"{text} is {kind} of {public.base_version}, older than any release with " \
                                    f"wheels for the lab's Python: {RELEASES[0][0]}"
@@ -149,6 +161,11 @@ def normalize(text: str) -> tuple[str, str | None]:
         if Version(own).release[:2] != public.release[:2]:
             return own, f"{text} is {kind} of {public.base_version}, which was never released: {own}, the next"
         return own, f"{text} is {kind} of {public.base_version}: {own}, the release that first shipped its code"
+    older = {Version(r): r for r, _ in OLDER}
+    if public in older:
+        return older[public], (f"{text} has no wheel for Python 3.11: it runs on a base with Python "
+                               f"{python_for(older[public], '3.11')}"
+                               + (", without its local label" if v.local else ""))
     same_minor = [r for r, _ in RELEASES if Version(r).release[:2] == public.release[:2]]
     if len(public.release) == 2 and same_minor:
         return same_minor[-1], f"{text} names no patch release: its newest, {same_minor[-1]}"
