@@ -217,4 +217,4 @@ def apply(case, host: HostPip, events=None):
         events("deps", f"dependencies as of {found.cut} ({case.deps}"
                        + (f": torch {case.torch} was uploaded {found.released}" if found.released else "")
                        + f"): {' '.join(extra) or 'nothing besides torch'}")
-    return replace(case, resolved=extra), found
+    return replace(case, resolved=extra, deps_cut=found.cut), found

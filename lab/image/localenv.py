@@ -245,6 +245,8 @@ def _binds(interp: Interpreter, path: str, extra: tuple[str, ...] = ()) -> tuple
 def venv_key(case: Case, host: HostPip, interp: Interpreter) -> str:
     data = {"version": LOCAL_ENV_VERSION, "requirements": list(case.requirements),
             "python": [interp.executable, interp.version], "index": host.index_settings(), "uv": "pip install"}
+    if case.deps_cut:  # the seeded pip and setuptools are the era's (a key without it: as before)
+        data["seed_cut"] = case.deps_cut
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -293,7 +295,10 @@ def _make_venv(case: Case, host: HostPip, base: Interpreter, entry: Path, events
     try:
         # --seed: pip and, up to Python 3.11, setuptools and wheel, as the images' `python3 -m venv` has
         # them (Inductor imports setuptools there; torch itself does not require it before 2.10)
-        _uv(uv, ["venv", "--no-config", "--relocatable", "--seed", *host.uv_args(), "--python", base.executable,
+        # them (Inductor imports setuptools there; torch itself does not require it before 2.10); with an
+        # era or a date (deps), as of its cut: torch 2.0's Inductor imports pkg_resources, gone in setuptools 81
+        cut = ["--exclude-newer", case.deps_cut] if case.deps_cut else []
+        _uv(uv, ["venv", "--no-config", "--relocatable", "--seed", *cut, *host.uv_args(), "--python", base.executable,
                  str(tmp)], env, lines)
         _uv(uv, ["pip", "install", "--no-config", "--python", str(tmp / "bin" / "python"), "--no-build",
                  "--compile-bytecode", *host.uv_args(), *case.requirements], env, lines)

@@ -59,6 +59,10 @@ class Case:
     # The era's resolved pins (lab.image.era.apply, on the host before the build): derived from
     # `deps`, so not part of the content key; part of the requirements and so of the site key.
     resolved: tuple[str, ...] = field(default=(), compare=False)
+    # The era's or date's cut (an RFC 3339 time), set with `resolved`: what the local engine's venv seeds
+    # (pip, setuptools) is taken as of it too, so torch 2.0's Inductor meets a setuptools that still has
+    # pkg_resources (removed in setuptools 81). None for `latest`.
+    deps_cut: str | None = field(default=None, compare=False)
     # `name==version` constraints on what the requirements pull in (a replay: every version the
     # original run had, from its freeze). Not requirements: the Dockerfile does not change, uv on the
     # host resolves the same requirements to exactly these versions. Part of the key and the site key.

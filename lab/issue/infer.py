@@ -74,8 +74,8 @@ def infer(page: IssuePage) -> Inference:
     python = _python(lines, facts)
     gpu, cpu_variant = _cuda(script, chosen, facts)
     base = _base(torch_v, script, facts, fixups)
-    if base == OLD_BASE:
-        facts[:] = [Fact("python", OLD_PYTHON, f.line, f"{OLD_BASE}'s python3 (see the fix-ups); the page: "
+    if base != CPU_BASE:
+        facts[:] = [Fact("python", str(base_python(base)), f.line, f"{base}'s python3 (see the fix-ups); the page: "
                          f"{python or 'not given'}") if f.name == "python" else f for f in facts]
     env: dict[str, str] = {}
     raw = _find_torch(page, lines, found)[0]
@@ -331,15 +331,32 @@ def _minimums(version: str, script: str, facts: list[Fact], fixups: list[str]) -
         fixups.append(f"torch: {version} has no torch.compile, which the script uses: {releases.MIN_COMPILE}, "
                       "the first release that has it")
         return releases.MIN_COMPILE
-    if v < Version(releases.MIN_CP311):
+    if v < Version(releases.MIN_CP311) and _older_base(version) is None:
         fixups.append(f"torch: {version} has no wheel for Python {CPU_PYTHON}: {releases.MIN_CP311}")
         return releases.MIN_CP311
     return version
 
 
+def _older_base(torch_v: str) -> tuple[str, str] | None:
+    """(base, its Python) for a release the page names that has no wheel for debian:bookworm's Python 3.11
+    (1.12.1: ubuntu:22.04, Python 3.10), from the releases' wheel tags and the bases the lab knows."""
+    if torch_v not in {v for v, _ in releases.OLDER}:
+        return None
+    wanted = releases.python_for(torch_v, CPU_PYTHON)
+    for base in (OLD_BASE, "ubuntu:22.04", "ubuntu:20.04"):
+        if wanted is not None and base_python(base) == wanted:
+            return base, wanted
+    return None
+
+
 def _base(torch_v: str, script: str, facts: list[Fact], fixups: list[str]) -> str:
     """debian:bookworm (Python 3.11), or debian:bullseye (3.9) where the script compiles with a torch
-    whose torch.compile refuses Python 3.11 (before 2.1.0: "Python 3.11+ not yet supported")."""
+    whose torch.compile refuses Python 3.11 (before 2.1.0: "Python 3.11+ not yet supported"), or, for a
+    release with no Python 3.11 wheel, a base whose python3 it has wheels for."""
+    if (older := _older_base(torch_v)) is not None:
+        fixups.append(f"base: {older[0]} (Python {older[1]}): torch {torch_v} has no wheel for Python {CPU_PYTHON}, "
+                      f"the python3 of {CPU_BASE}")
+        return older[0]
     if re.search(r"torch\.(compile|_dynamo|_inductor|export)\b", script) and Version(torch_v) < Version("2.1.0"):
         fixups.append(f"base: {OLD_BASE} (Python {OLD_PYTHON}): torch.compile in torch {torch_v} refuses Python "
                       f"{CPU_PYTHON}, the python3 of {CPU_BASE}")

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import io
 import json
+import sys
 import zipfile
 
 import pytest
@@ -215,3 +216,18 @@ def test_a_freeze_is_read_without_torch_and_the_venv_s_tools():
     text = "torch==2.2.2\nnumpy==1.26.4\npip==24.0\nSetuptools==69.0\nJinja2==3.1.3\n# comment\n-e foo\n"
     assert era.freeze_versions(text) == {"jinja2": "3.1.3", "numpy": "1.26.4"}
     assert era.versions_to_pins({"numpy": "1.26.4", "jinja2": "3.1.3"}) == ("jinja2==3.1.3", "numpy==1.26.4")
+
+
+def test_a_local_venv_with_an_era_seeds_as_of_its_cut_and_never_reuses_a_venv_seeded_today(tmp_path):
+    # torch 2.0's Inductor imports pkg_resources, which setuptools 81 removed: the local engine's
+    # `uv venv --seed` takes pip and setuptools as of the era's cut, and that cut is part of the venv's key
+    import dataclasses
+
+    from lab.image.localenv import probe_python, venv_key
+    s = tiny_scenario(tmp_path, 'name: t\ntorch: "2.0.0"\narch: amd64\nbase: debian:bullseye\ndeps: era\n'
+                                "expect: {exit_code: 1}\n")
+    case = resolve(s)
+    interp = probe_python(sys.executable)
+    dated = dataclasses.replace(case, deps_cut="2023-03-22T00:00:00Z")
+    assert venv_key(dated, HostPip(), interp) != venv_key(case, HostPip(), interp)
+    assert venv_key(dataclasses.replace(case, deps="latest"), HostPip(), interp) == venv_key(case, HostPip(), interp)

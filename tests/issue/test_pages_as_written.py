@@ -150,3 +150,14 @@ def test_a_raises_comment_and_a_quoted_warning():
     inf = infer(page)
     assert inf.expect == {"stderr_contains": "UserWarning: torch.range is deprecated and will be removed"}
     assert inf.fact("expect").line == 9
+
+
+def test_real_pages_name_their_error_in_a_two_line_raises_comment_or_only_in_the_title():
+    # 146538 (tuning): `# doesn't work, raises` then `# Unsupported: call_function ...` above the failing call
+    inf = infer(_page("146538"))
+    assert inf.expect == {"traceback_contains": "Unsupported"}
+    assert inf.fact("expect").line == 25 and "named in the script's comments" in inf.fact("expect").how
+    # 93380 (tuning): the CppCompileError is only in the title; the excerpt shows no traceback
+    inf = infer(_page("93380"))
+    assert inf.expect == {"traceback_contains": "CppCompileError: C++ compile error"}
+    assert inf.fact("expect").how == "the exception the title names"
