@@ -17,6 +17,7 @@ GiB = 1024**3
 DEFAULT_CAP_MAX = 30 * GiB       # the default cap: this much at most ...
 DEFAULT_CAP_SHARE = 0.25         # ... or a quarter of the disk the cache may use, whichever is smaller
 LOW_FREE_BYTES = 20 * GiB        # `lab doctor` warns under this much free disk
+DISK_MARGIN = 2 * GiB            # `disk_margin` default: a probe does not start unless this much stays free after it
 
 # Parts, in the order `lab cache info` lists them; `--all` removes images before what they are built on.
 PARTS = ("images", "anchors", "base_images", "bases", "site", "venv", "uv", "index", "collect_env", "other")
@@ -44,6 +45,7 @@ class Entry:
     last_used: float          # seconds since the epoch
     in_use: str | None = None  # why it must stay, or None
     ref: object = field(default=None, compare=False, repr=False)  # what the remover needs (a path, an image)
+    label: str = ""           # what it is for, in words (a site tree: its torch requirement and target)
 
     @property
     def removable(self) -> bool:

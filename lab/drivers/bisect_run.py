@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lab.cache_policy import inventory as cache_policy
+from lab.cache_policy.room import CacheSpaceError
 from lab.compare.diff import compare_runs
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
@@ -228,8 +229,8 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                 on.discard(image.tag)  # (Docker: the apt and venv layers serve the next probe)
             with lock:
                 cache_policy.enforce_cap(on, say, force=True)  # never raises: a problem is an event
-        except EngineError:
-            raise  # the engine itself is gone: another engine, or nothing else can run either
+        except (EngineError, CacheSpaceError):
+            raise  # the engine itself is gone, or the disk is full: no later probe could run either
         except LabError as exc:  # this release cannot be set up here: a skip, never a boundary
             p = Probe.judged(version, "error", reason=str(exc).split("\n")[0][:300], run_dir=str(run_dir),
                              engine=name, emulated=emulated)
@@ -272,9 +273,10 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     def probe_many(versions: list[str]) -> list[Probe]:
         return run_all(versions, probe, workers=width, on_interrupt=lambda: remove_containers(engines))
 
-    # One lease for the whole bisection: what its probes use (anchors, sites, uv's wheels) stays
-    # while it runs; the runs leave the cap to the probe loop above.
-    with cache_policy.lease(), cache_policy.deferred():
+    # No lease over the whole bisection (it kept every probe's tree and image "in use" to the end):
+    # each probe's run holds its own, so what a finished probe used can go before the next one
+    # starts; the runs leave the cap to the probe loop above.
+    with cache_policy.deferred():
         searched = bisect(found, probe, width=width, probe_many=probe_many)
     if fleet is not None and fleet.down:
         searched = searched.model_copy(update={"notes": (*searched.notes, *(
@@ -290,10 +292,9 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                 "pin it in the scenario as expect.signature"))})
     result = at_the_boundary(result).model_copy(update={"deps": scenario.deps})
     if blame and result.status == FOUND:
-        with cache_policy.lease():
-            result = result.model_copy(update=_blame(result, scenario, arch, sets, host, runs_root, folder,
-                                                     engine, fleet, run_case, events, keep_images,
-                                                     failed_differently))
+        result = result.model_copy(update=_blame(result, scenario, arch, sets, host, runs_root, folder,
+                                                 engine, fleet, run_case, events, keep_images,
+                                                 failed_differently))
     elif not blame:
         result = result.model_copy(update={"blame_summary": "not run (--no-blame)"})
     bad = _bad_release(result) if localize else None
