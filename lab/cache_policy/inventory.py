@@ -547,22 +547,36 @@ def prune(engine=None, *, everything: bool = False, older_than: float | None = N
         uv_note = prune_uv(inv.root / "uv", events)
         if uv_note:
             inv = take_inventory(engine, now, only)
-    chosen = choose(inv.entries, total=inv.total, cap=inv.cap if cap is None else cap, now=now,
-                    older_than=older_than, everything=everything)
-    removed, freed, notes = [], 0, list(inv.notes) + ([uv_note] if uv_note else [])
-    for e in chosen:
-        problem = _remove(e, engine)
-        if problem:
-            notes.append(f"{e.part} {e.name}: {problem}")
-            continue
-        events("cache", f"removed {e.part} {e.name} ({_gib(e.size)})")
-        removed.append(e)
-        freed += e.size
+    first, target = inv, inv.cap if cap is None else cap
+    removed, notes = [], list(inv.notes) + ([uv_note] if uv_note else [])
+    counted_freed, pending = 0, 0    # freed as recounted; sizes removed since the last count
+    for _ in range(PRUNE_ROUNDS):
+        chosen = choose(inv.entries, total=inv.total, cap=target, now=now, older_than=older_than,
+                        everything=everything)
+        did = 0
+        for e in chosen:
+            problem = _remove(e, engine)
+            if problem:
+                notes.append(f"{e.part} {e.name}: {problem}")
+                continue
+            events("cache", f"removed {e.part} {e.name} ({_gib(e.size)})")
+            removed.append(e)
+            did += 1
+            pending += e.size
+        if everything or older_than is not None or not did:
+            break
+        # What the removed entries shared by hard links (a site tree and the unpacked wheels in uv's
+        # cache it came from) counted in neither alone: counted again, it is what the next round frees.
+        inv = take_inventory(engine, now, only)
+        counted_freed, pending = max(first.total - inv.total, 0), 0
+        if inv.total <= target:
+            break
     if removed:
-        _forget_stamps(inv.root, engine)
-    return Pruned(tuple(removed), freed, inv, tuple(notes))
+        _forget_stamps(first.root, engine)
+    return Pruned(tuple(removed), counted_freed + pending, first, tuple(notes))
 
 
+PRUNE_ROUNDS = 3                       # a tree and the wheels it is hard-linked to free bytes only together
 UV_PRUNE_TIMEOUT_S = 120
 _REMOVED = re.compile(r"Removed (\d+) files? \(([^)]*)\)")
 

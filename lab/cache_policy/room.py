@@ -81,10 +81,10 @@ def _version(text: str) -> Version | None:
         return None
 
 
-def _torch_pin(requirements: list) -> str | None:
+def _pin(requirements: list, project: str = "torch") -> str | None:
     for r in requirements:
         r = str(r).replace(" ", "")
-        if r.lower().startswith("torch=="):
+        if r.lower().startswith(f"{project}=="):
             return r.split("==", 1)[1]
     return None
 
@@ -103,25 +103,26 @@ def _copies_into_image(engine) -> bool:
         return False
 
 
-def _trees(root: Path) -> list[tuple[str | None, str, int]]:
-    """(torch version, target, bytes) of every site tree and venv the cache describes."""
+def _trees(root: Path, project: str = "torch") -> list[tuple[str | None, str, int]]:
+    """(version of `project`, target, bytes) of every site tree and venv the cache describes."""
     found = []
     for part in ("site", "venv"):
         folder = root / part
         for meta in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             try:
                 data = json.loads(meta.read_text())
-                found.append((_torch_pin(list(data.get("requirements") or [])), str(data.get("target") or ""),
+                found.append((_pin(list(data.get("requirements") or []), project), str(data.get("target") or ""),
                               int(data.get("size") or 0)))
             except (OSError, ValueError, TypeError, AttributeError):
                 continue
     return found
 
 
-def estimate_bytes(torch: str, arch: str, target: str | None, copies: bool, root: Path | None = None) -> Need:
-    """What a run of torch `torch` for `target` adds to the cache (see the module's words)."""
+def estimate_bytes(torch: str, arch: str, target: str | None, copies: bool, root: Path | None = None,
+                   project: str = "torch") -> Need:
+    """What a run of `project` (torch) `torch` for `target` adds to the cache (see the module's words)."""
     root = current().cache_dir if root is None else root
-    trees = [t for t in _trees(root) if target is None or t[1] == target]
+    trees = [t for t in _trees(root, project) if target is None or t[1] == target]
     factor = 2 if copies else 1
     for version, _, size in trees:
         if version == torch:
@@ -138,7 +139,7 @@ def estimate_bytes(torch: str, arch: str, target: str | None, copies: bool, root
             a, b = wanted.release + (0, 0, 0), v.release + (0, 0, 0)
             return (abs((a[0] - b[0]) * 10000 + (a[1] - b[1]) * 100 + (a[2] - b[2])), -item[1])
         near, size = min(measured, key=distance)
-        return Need(int(size * NEAREST_SLACK) * factor, f"the cached tree of torch {near} ({_gib(size)})")
+        return Need(int(size * NEAREST_SLACK) * factor, f"the cached tree of {project} {near} ({_gib(size)})")
     if "+cpu" in torch:
         base = TYPICAL_CPU
     elif arch == "arm64" and wanted is not None and wanted >= Version("2.11"):
@@ -190,13 +191,12 @@ def make_room(need: int, engine=None, events: Events = no_events, *, now: float 
     if quick is not None:
         return quick
     inv = inventory.take_inventory(engine, now)
-    freed = 0
+    total, freed = inv.total, 0
     if evict and inv.total + need > inv.cap:
         pruned = inventory.prune(engine, cap=max(inv.cap - need, 0), now=now, events=events)
-        freed = pruned.freed
-        inventory._remember(inv.root, now, pruned.before.total - freed, pruned.before.cap)
-    free = inventory._free(inv.root)
-    return Room(need, inv.total - freed, inv.cap, free, inv.margin, freed)
+        total, freed = pruned.before.total - pruned.freed, inv.total - (pruned.before.total - pruned.freed)
+        inventory._remember(inv.root, now, total, pruned.before.cap)
+    return Room(need, total, inv.cap, inventory._free(inv.root), inv.margin, freed)
 
 
 def may_prepare(need: int, engine=None, *, now: float | None = None) -> bool:
@@ -214,11 +214,21 @@ def before_run(case, engine, events: Events = no_events, *, now: float | None = 
     None when the check itself failed (said as an event: a run is not refused for that)."""
     try:
         need = estimate(case, engine)
+    except Exception as exc:  # noqa: BLE001 - the check never fails a run by itself
+        events("cache", f"the room for this run was not checked: {type(exc).__name__}: {exc}")
+        return None
+    return check_room(need, f"torch {case.torch} ({case.arch.value})", engine, events, now=now)
+
+
+def check_room(need: Need, what: str, engine=None, events: Events = no_events, *,
+               now: float | None = None) -> Room | None:
+    """`before_run` for a need already estimated; `what` names the run in its messages."""
+    try:
         room = make_room(need.bytes, engine, events, now=now)
     except Exception as exc:  # noqa: BLE001 - the check never fails a run by itself
         events("cache", f"the room for this run was not checked: {type(exc).__name__}: {exc}")
         return None
-    what = f"torch {case.torch} ({case.arch.value}) adds about {_gib(need.bytes)} ({need.source})"
+    what = f"{what} adds about {_gib(need.bytes)} ({need.source})"
     if not room.disk_kept:
         raise CacheSpaceError(
             f"not started: {what}, and the disk has {_gib(room.free)} free at {current().cache_dir}, which would "
