@@ -348,6 +348,8 @@ def disk_entries(root: Path, walk: _Walk) -> list[Entry]:
             keys = sorted({p.name.split(".")[0] for p in top.iterdir()})
             for key in keys:
                 paths = sorted(p for p in top.iterdir() if p.name.split(".")[0] == key)
+                if all(p.name.endswith(".lock") for p in paths):
+                    continue  # a lock alone (left by a removal or a failed make): nothing to free
                 lock = top / f"{key}.lock"
                 add(name, key, paths, "being made (its lock is held)" if _lock_held(lock) else None)
                 entries[-1] = _with_label(entries[-1], top / f"{key}.json")

@@ -199,3 +199,22 @@ def test_a_bisection_releases_each_finished_probe_and_stays_under_its_cap(cache,
     assert inv.take_inventory(None).total <= 520 * KIB
     assert not any("nothing more can be removed" in m or "will go over" in m for m in said), said
     assert inv.live_leases(cache) == []
+
+
+def test_a_tree_and_the_wheels_it_is_hard_linked_to_are_released_together(cache, monkeypatch):
+    """Each frees nothing alone (the other link keeps the data): both go, and the count sees it."""
+    now = time.time()
+    wheel = cache / "uv" / "archive-v0" / "abc"
+    (wheel / "torch-2.5.1.dist-info").mkdir(parents=True)
+    (wheel / "torch-2.5.1.dist-info" / "METADATA").write_bytes(os.urandom(300 * KIB))
+    site = cache / "site" / "k" / "lib" / "python3.11" / "site-packages" / "torch-2.5.1.dist-info"
+    site.mkdir(parents=True)
+    os.link(wheel / "torch-2.5.1.dist-info" / "METADATA", site / "METADATA")
+    for p in (wheel / "torch-2.5.1.dist-info" / "METADATA", *wheel.parent.rglob("*"), *(cache / "site").rglob("*")):
+        os.utime(p, (now - DAY, now - DAY))
+    monkeypatch.setenv("LAB_CACHE_CAP", str(100 * KIB))
+    monkeypatch.setattr(inv, "prune_uv", lambda *a, **k: None)  # (uv's own prune is tested apart)
+    pruned = inv.prune(None, now=now)
+    assert {e.part for e in pruned.removed} == {"site", "uv"}
+    assert not wheel.exists() and not (cache / "site" / "k").exists()
+    assert pruned.before.total - pruned.freed <= 100 * KIB
