@@ -218,3 +218,28 @@ def test_a_tree_and_the_wheels_it_is_hard_linked_to_are_released_together(cache,
     assert {e.part for e in pruned.removed} == {"site", "uv"}
     assert not wheel.exists() and not (cache / "site" / "k").exists()
     assert pruned.before.total - pruned.freed <= 100 * KIB
+
+
+def test_cache_info_says_where_the_bytes_are_and_pin_keeps_an_entry(tmp_path):
+    from tests.conftest import last_json, run_lab
+    cache = tmp_path / "cache"
+    now = time.time()
+    tree(cache, "k1", "2.5.1", 300, now - DAY)
+    runs = tmp_path / "runs" / "s" / "one"
+    runs.mkdir(parents=True)
+    (runs / "result.json").write_bytes(b"x" * 5000)
+    env = {"LAB_CACHE_DIR": str(cache), "LAB_CACHE_CAP": "0", "LAB_RUNS_DIR": str(tmp_path / "runs"),
+           "LAB_DISK_MARGIN": "3GiB", "DOCKER_HOST": "unix:///nonexistent.sock"}
+    pinned = run_lab("cache", "pin", "torch==2.5.1", "--json", env=env)
+    assert pinned.returncode == 0 and last_json(pinned.stdout) == {"pins": ["torch==2.5.1"]}, pinned.stderr
+    info = run_lab("cache", "info", "--json", env=env)
+    assert info.returncode == 0, info.stderr
+    data = last_json(info.stdout)
+    entry = next(e for e in data["entries"] if e["name"] == "k1")
+    assert entry["pinned"] and entry["label"] == "torch==2.5.1 linux/arm64 cp311" and entry["bytes"] >= 300 * KIB
+    assert data["disk_margin_bytes"] == 3 * GiB and data["free_bytes"] > 0
+    assert data["runs"][0]["dir"] == str(tmp_path / "runs") and data["runs"][0]["bytes"] >= 5000
+    assert "images_by_engine" in data and {p["part"] for p in data["parts"]} >= {"images", "site", "uv", "bases"}
+    pruned = run_lab("cache", "prune", "--all", "--json", env=env)
+    assert pruned.returncode == 0 and last_json(pruned.stdout)["removed"] == [] and (cache / "site" / "k1").is_dir()
+    assert run_lab("cache", "unpin", "torch==2.5.1", env=env).returncode == 0 and inv.pins(cache) == []
