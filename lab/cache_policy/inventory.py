@@ -253,17 +253,30 @@ def pinned_by(e: Entry, words: list[str]) -> str | None:
     return None
 
 
+def _mounted(engine, notes: list[str]) -> dict[str, str]:
+    """Host paths that the engine's containers (running or stopped) mount, and a container of each:
+    an engine that mounts cache entries (a site tree, read-only) says so by `mounted_sources()`."""
+    ask = getattr(engine, "mounted_sources", None) if engine is not None else None
+    if ask is None:
+        return {}
+    try:
+        return {str(Path(path).resolve()): name for path, name in dict(ask()).items()}
+    except Exception as exc:  # noqa: BLE001 - an engine that cannot say: its mounts are unknown
+        notes.append(f"container mounts left out: {type(exc).__name__}: {exc}")
+        return {}
+
+
 def _held(e: Entry, holds: list[tuple[int, str, set[str], set[str]]]) -> str | None:
     if isinstance(e.ref, ImageUsage):
         stamp = _stamp_name(e.ref.image_id)
         for pid, why, _, images in holds:
             if stamp in images:
-                return f"{why} (pid {pid})"
+                return f"{why} (pid {pid})" if pid else why
         return None
     mine = {str(Path(p).resolve()) for p in (e.ref or ()) if isinstance(p, Path)}
     for pid, why, paths, _ in holds:
         if mine & paths:
-            return f"{why} (pid {pid})"
+            return f"{why} (pid {pid})" if pid else why
     return None
 
 
@@ -491,6 +504,9 @@ def take_inventory(engine=None, now: float | None = None,
                          e.label)
                    for e in entries]
     holds, pinned = live_holds(root), pins(root)
+    mounted = _mounted(engine, notes)
+    if mounted:
+        holds = [*holds, *((0, f"mounted by container {name}", {path}, set()) for path, name in mounted.items())]
     if holds or pinned:
         def why(e: Entry) -> str | None:
             if e.in_use or e.part == "other":

@@ -243,3 +243,20 @@ def test_cache_info_says_where_the_bytes_are_and_pin_keeps_an_entry(tmp_path):
     pruned = run_lab("cache", "prune", "--all", "--json", env=env)
     assert pruned.returncode == 0 and last_json(pruned.stdout)["removed"] == [] and (cache / "site" / "k1").is_dir()
     assert run_lab("cache", "unpin", "torch==2.5.1", env=env).returncode == 0 and inv.pins(cache) == []
+
+
+def test_a_tree_a_container_mounts_stays(cache, monkeypatch):
+    now = time.time()
+    mounted = tree(cache, "m", "2.5.1", 100, now - DAY)
+    loose = tree(cache, "l", "2.5.0", 100, now - DAY)
+
+    class Mounting(NoImages):
+        def mounted_sources(self):
+            return {str(mounted): "probe-1 (exited)"}
+
+    monkeypatch.setenv("LAB_CACHE_CAP", "0")
+    monkeypatch.setattr(inv, "prune_uv", lambda *a, **k: None)
+    pruned = inv.prune(Mounting(), now=now)
+    assert mounted.exists() and not loose.exists()
+    kept = next(e for e in pruned.before.entries if e.name == "m")
+    assert kept.in_use == "mounted by container probe-1 (exited)"
