@@ -29,6 +29,7 @@ from lab.cache_policy.policy import GiB
 from lab.core.config import current
 from lab.core.errors import LabError
 from lab.core.records import Events, no_events
+from lab.image.crossinstall import target_for
 
 # When no tree of the target was made yet: what one torch release adds, by what is known of it.
 TYPICAL_CPU = 1 * GiB                      # a +cpu wheel and its few dependencies
@@ -122,7 +123,7 @@ def estimate_bytes(torch: str, arch: str, target: str | None, copies: bool, root
                    project: str = "torch") -> Need:
     """What a run of `project` (torch) `torch` for `target` adds to the cache (see the module's words)."""
     root = current().cache_dir if root is None else root
-    trees = [t for t in _trees(root, project) if target is None or t[1] == target]
+    trees = [t for t in _trees(root, project) if target is None or t[1] in (target, "")]  # a venv: this host
     factor = 2 if copies else 1
     for version, _, size in trees:
         if version == torch:
@@ -150,7 +151,6 @@ def estimate_bytes(torch: str, arch: str, target: str | None, copies: bool, root
 
 
 def estimate(case, engine=None) -> Need:
-    from lab.image.crossinstall import target_for  # (lab.image imports the cache policy's users)
     try:
         target = target_for(case)
     except Exception:  # noqa: BLE001 - an unknown base: any target
@@ -191,6 +191,7 @@ def make_room(need: int, engine=None, events: Events = no_events, *, now: float 
     if quick is not None:
         return quick
     inv = inventory.take_inventory(engine, now)
+    inventory._remember(inv.root, now, inv.total, inv.cap)  # the next run's check starts from this count
     total, freed = inv.total, 0
     if evict and inv.total + need > inv.cap:
         pruned = inventory.prune(engine, cap=max(inv.cap - need, 0), now=now, events=events)

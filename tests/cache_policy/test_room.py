@@ -56,6 +56,10 @@ def test_a_cached_tree_adds_nothing_unless_the_engine_copies_it_into_an_image(ca
     copied = room.estimate_bytes("2.5.1", "arm64", "linux/arm64 cp311", copies=True)
     assert mounted.bytes == 0 and "cached" in mounted.source
     assert copied.bytes == 300 * KIB
+    venv = cache / "venv"  # the local engine's venv says no target (it is this host's) and no size
+    venv.mkdir()
+    (venv / "v1.json").write_text(json.dumps({"requirements": ["torch==2.13.0+cpu"], "python": "/usr/bin/python3"}))
+    assert room.estimate_bytes("2.13.0+cpu", "amd64", "linux/amd64 cp311", copies=False).bytes == 0
 
 
 def test_an_uncached_release_is_estimated_from_the_nearest_cached_one_of_its_target(cache):
