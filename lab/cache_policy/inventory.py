@@ -498,7 +498,7 @@ def take_inventory(engine=None, now: float | None = None,
     leases = live_leases(root)
     if leases:
         since = min(start for _, start in leases) - _SLACK_S
-        pids = ", ".join(str(pid) for pid, _ in leases)
+        pids = ", ".join(str(pid) for pid in sorted({pid for pid, _ in leases}))
         entries = [e if e.in_use or e.last_used < since else
                    Entry(e.part, e.name, e.size, e.last_used, f"used by a lab run in progress (pid {pids})", e.ref,
                          e.label)
