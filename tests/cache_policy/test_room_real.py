@@ -102,7 +102,7 @@ def test_a_real_multi_probe_run_stays_under_a_small_cap_and_a_too_small_one_is_s
     assert (result.last_old, result.first_new) == ("2.4.0", "2.4.1")
     assert len(runs.ran) >= 3
     # every probe ran with its tree, uv's wheels and the rest under the cap: the earlier probes' went
-    assert all(total <= cap for total in runs.totals), (cap, runs.totals)
+    assert all(total <= cap for total in runs.totals), (cap, runs.totals, said)
     assert inv.take_inventory(None).total <= cap
     assert len(list((cache / "site").glob("*.json"))) <= 2
     assert not any("will go over" in m or "nothing more can be removed" in m for m in said), "\n".join(said)
