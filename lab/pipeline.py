@@ -17,6 +17,7 @@ from lab.analyze.evidence import Evidence, analyze, read_text
 from lab.analyze.judge import Judgement, build_failed, judge
 from lab.analyze.torchbuild import parse_version_file
 from lab.cache_policy import inventory as cache_policy
+from lab.cache_policy import room as cache_room
 from lab.core.arch import with_emulated_env
 from lab.core.background import beside, timed
 from lab.core.cache import cache_dir
@@ -101,6 +102,7 @@ def run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events:
     if elsewhere is not None:  # a scheduler's engine (Slurm) ran the whole case on one of its nodes
         return elsewhere
     limits = run_limits(case, allow_network)
+    cache_room.before_run(case, engine, events)  # room for what it adds, or said (refused: a full disk) first
     with cache_policy.lease():  # what this run uses is not evicted while it runs
         outcome = _run_case(case, engine, host, runs_root, events, run_dir=run_dir, diagnose=diagnose,
                             compile_debug=compile_debug, collect_env=collect_env, plan=plan, limits=limits,

@@ -3,13 +3,20 @@
 What counts as "in use" (never removed, not even by `lab cache prune --all`):
 
 - an image that any container (of any origin, running or stopped) was made from;
-- anything used since the start of a lab run or bisection still in progress. Each holds a lease,
-  `<cache_dir>/leases/<pid>-<start ns>.lease` (its mtime is the start), for as long as it runs, and
-  marks what it uses when it uses it: the site tree (or venv) and the unpacked wheels in uv's cache
-  it came from get their mtime touched (`note_use`, `note_wheels_used`), an image a stamp
-  `<cache_dir>/stamps/<image id>`. A lease whose process is gone is ignored and deleted;
+- anything used since the start of a lab run still in progress. Each run (one bisect probe is one
+  run) holds a lease, `<cache_dir>/leases/<pid>-<start ns>.lease` (its mtime is the start), for as
+  long as it runs, and marks what it uses when it uses it: the site tree (or venv) and the unpacked
+  wheels in uv's cache it came from get their mtime touched (`note_use`, `note_wheels_used`), an
+  image a stamp `<cache_dir>/stamps/<image id>`. A lease whose process is gone is ignored and
+  deleted. A bisection holds no lease of its own: a finished probe's tree, image and wheels are
+  free to go before the next probe starts (a lease over the whole bisection kept every probe's
+  5-7 GB "in use" until it ended: 55 GiB against a cap of 18.8 GiB);
+- what a process holds by name until it uses it or lets go (`hold`: a tree prepared for the next
+  round), `<cache_dir>/leases/<pid>-<start ns>.hold`, a JSON list of paths and image ids;
+- what the user pinned (`lab cache pin`), `<cache_dir>/pins.json`;
 - a site tree whose `<key>.lock` is held (it is being made), or whose `<key>.inuse` is locked (a
   container on a Docker engine on this host has it mounted: lab.image.sitemount).
+
 
 Sizes: files are counted once per inode, so a site tree hard-linked to uv's cache is not counted
 twice; an entry's size is what removing it frees (an inode with links outside the entry stays).
@@ -35,15 +42,15 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from lab.cache_policy.policy import PARTS, Entry, choose, default_cap
+from lab.cache_policy.policy import DISK_MARGIN, PARTS, Entry, choose, default_cap
 from lab.core.cache import in_use_by_a_run, unless_in_use
 from lab.core.config import current
 from lab.core.errors import LabError
 from lab.core.records import Events, ImageUsage, no_events
 from lab.image.crossinstall import CrossInstallError, uv_binary
 
-LEASES, STAMPS, LAST_COUNT = "leases", "stamps", "last-count.json"
-_OWN = (LEASES, STAMPS, LAST_COUNT, "locks")    # the lab's bookkeeping: counted, never evicted
+LEASES, STAMPS, LAST_COUNT, PINS = "leases", "stamps", "last-count.json", "pins.json"
+_OWN = (LEASES, STAMPS, LAST_COUNT, PINS, "locks")    # the lab's bookkeeping: counted, never evicted
 # The full count walks the cache folder (about 190,000 files, 3-8 s, for 11 GiB here): after a run it
 # is made again only when the last one is older than this, or found the cache over this share of its cap,
 # or when the disk has lost so much free space since that the cache may have grown past that share (one
@@ -64,6 +71,9 @@ class Inventory:
     free: int                       # free bytes on the cache folder's disk
     shared_image_bytes: int = 0     # layers the lab's images share, counted once
     notes: tuple[str, ...] = ()     # what could not be looked at (the engine did not answer, ...)
+    margin: int = 0                 # the free disk a run must leave (`disk_margin`)
+    engine: str | None = None       # the engine whose images are counted
+    runs: tuple[tuple[str, int], ...] = ()  # (runs folder, bytes): shown, outside the cap
 
     def part_sizes(self) -> dict[str, int]:
         sizes = dict.fromkeys(PARTS, 0)
@@ -79,8 +89,16 @@ class Inventory:
                 "parts": [{"part": p, "bytes": sizes[p], "entries": sum(e.part == p for e in self.entries)}
                           for p in PARTS],
                 "entries": [{"part": e.part, "name": e.name, "bytes": e.size, "last_used": e.last_used,
-                             "in_use": e.in_use} for e in self.entries],
-                "notes": list(self.notes)}
+                             "in_use": e.in_use, "label": e.label,
+                             "pinned": bool(e.in_use and e.in_use.startswith(PINNED))} for e in self.entries],
+                "notes": list(self.notes),
+                "disk_margin_bytes": self.margin, "engine": self.engine,
+                "images_by_engine": {self.engine or "none": sum(sizes[p] for p in IMAGE_PARTS)},
+                "runs": [{"dir": d, "bytes": n} for d, n in self.runs]}
+
+
+IMAGE_PARTS = ("images", "anchors", "base_images")
+PINNED = "pinned by you"
 
 
 @dataclass(frozen=True)
@@ -164,6 +182,107 @@ def live_leases(root: Path) -> list[tuple[int, float]]:
     return found
 
 
+class Hold:
+    """What one process keeps by name until it lets go (`release`, or its exit): a site tree or image
+    prepared for a later probe, which no run lease covers yet."""
+
+    def __init__(self, paths: tuple[Path, ...] = (), image_ids: tuple[str, ...] = (), why: str = "held") -> None:
+        self.path: Path | None = None
+        with contextlib.suppress(OSError):
+            self.path = _own_dir(LEASES) / f"{os.getpid()}-{time.time_ns()}.hold"
+            self.path.write_text(json.dumps({"pid": os.getpid(), "why": why,
+                                             "paths": [str(Path(p).resolve()) for p in paths],
+                                             "images": [_stamp_name(i) for i in image_ids]}))
+
+    def release(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            self.path = None
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def hold(paths: tuple[Path, ...] = (), image_ids: tuple[str, ...] = (), why: str = "held") -> Hold:
+    """Keep these cache folders and images from eviction until `release()` (or the process ends)."""
+    return Hold(paths, image_ids, why)
+
+
+def live_holds(root: Path) -> list[tuple[int, str, set[str], set[str]]]:
+    """(pid, why, paths, image ids) of every hold whose process still runs; stale ones are deleted."""
+    found = []
+    folder = root / LEASES
+    for path in sorted(folder.glob("*.hold")) if folder.is_dir() else ():
+        try:
+            data = json.loads(path.read_text())
+            pid = int(data["pid"])
+            item = (pid, str(data.get("why", "held")), set(data.get("paths", ())), set(data.get("images", ())))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid):
+            found.append(item)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return found
+
+
+def pins(root: Path | None = None) -> list[str]:
+    """What the user pinned (`lab cache pin`): entry names, or words of their names or labels."""
+    root = _root() if root is None else root
+    try:
+        data = json.loads((root / PINS).read_text())
+        return [str(p) for p in data.get("pins", ()) if str(p)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+
+
+def set_pins(words: list[str], root: Path | None = None) -> None:
+    root = _root() if root is None else root
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{PINS}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"pins": sorted(set(words))}, indent=1) + "\n")
+    tmp.replace(root / PINS)
+
+
+def pinned_by(e: Entry, words: list[str]) -> str | None:
+    for w in words:
+        if w == e.name or w in e.name or (e.label and w in e.label):
+            return w
+    return None
+
+
+def _mounted(engine, notes: list[str]) -> dict[str, str]:
+    """Host paths that the engine's containers (running or stopped) mount, and a container of each:
+    an engine that mounts cache entries (a site tree, read-only) says so by `mounted_sources()`."""
+    ask = getattr(engine, "mounted_sources", None) if engine is not None else None
+    if ask is None:
+        return {}
+    try:
+        return {str(Path(path).resolve()): name for path, name in dict(ask()).items()}
+    except Exception as exc:  # noqa: BLE001 - an engine that cannot say: its mounts are unknown
+        notes.append(f"container mounts left out: {type(exc).__name__}: {exc}")
+        return {}
+
+
+def _held(e: Entry, holds: list[tuple[int, str, set[str], set[str]]]) -> str | None:
+    if isinstance(e.ref, ImageUsage):
+        stamp = _stamp_name(e.ref.image_id)
+        for pid, why, _, images in holds:
+            if stamp in images:
+                return f"{why} (pid {pid})" if pid else why
+        return None
+    mine = {str(Path(p).resolve()) for p in (e.ref or ()) if isinstance(p, Path)}
+    for pid, why, paths, _ in holds:
+        if mine & paths:
+            return f"{why} (pid {pid})" if pid else why
+    return None
+
+
 # ----------------------------------------------------------------------------- the disk
 
 @dataclass
@@ -245,9 +364,12 @@ def disk_entries(root: Path, walk: _Walk) -> list[Entry]:
             keys = sorted({p.name.split(".")[0] for p in top.iterdir()})
             for key in keys:
                 paths = sorted(p for p in top.iterdir() if p.name.split(".")[0] == key)
+                if all(p.name.endswith(".lock") for p in paths):
+                    continue  # a lock alone (left by a removal or a failed make): nothing to free
                 lock = top / f"{key}.lock"
                 add(name, key, paths, "being made (its lock is held)" if _lock_held(lock) else
                     "mounted into a running container" if in_use_by_a_run(top / key) else None)
+                entries[-1] = _with_label(entries[-1], top / f"{key}.json")
         elif name == "bases" and top.is_dir():
             for work in sorted(top.iterdir()):
                 add("bases", work.name, [work])
@@ -260,6 +382,17 @@ def disk_entries(root: Path, walk: _Walk) -> list[Entry]:
         else:
             add("other", name, [top], "not one of the lab's parts: `lab cache prune` leaves it")
     return entries
+
+
+def _with_label(e: Entry, meta: Path) -> Entry:
+    """A site tree named by what it holds: its first requirement (the torch pin) and its target."""
+    try:
+        data = json.loads(meta.read_text())
+        reqs = data.get("requirements") or []
+        label = " ".join(str(x) for x in (reqs[:1] + [data.get("target") or ""]) if x)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return e
+    return Entry(e.part, e.name, e.size, e.last_used, e.in_use, e.ref, label)
 
 
 UV_REST = "uv (indexes and wheel pointers)"
@@ -345,7 +478,7 @@ def image_entries(images: list[ImageUsage], stamps: Path) -> tuple[list[Entry], 
 # ----------------------------------------------------------------------------- stock, prune, enforce
 
 def take_inventory(engine=None, now: float | None = None,
-                   only: Callable[[ImageUsage], bool] | None = None) -> Inventory:
+                   only: Callable[[ImageUsage], bool] | None = None, *, with_runs: bool = False) -> Inventory:
     """What the cache holds now. `engine` None (or one that fails) leaves the images out, with a note.
     `only` narrows the images considered (tests on a shared engine look at their own images only)."""
     settings = current()
@@ -369,11 +502,23 @@ def take_inventory(engine=None, now: float | None = None,
     leases = live_leases(root)
     if leases:
         since = min(start for _, start in leases) - _SLACK_S
-        pids = ", ".join(str(pid) for pid, _ in leases)
+        pids = ", ".join(str(pid) for pid in sorted({pid for pid, _ in leases}))
         entries = [e if e.in_use or e.last_used < since else
-                   Entry(e.part, e.name, e.size, e.last_used, f"used by a lab run in progress (pid {pids})", e.ref)
+                   Entry(e.part, e.name, e.size, e.last_used, f"used by a lab run in progress (pid {pids})", e.ref,
+                         e.label)
                    for e in entries]
-    total = walk.total() + sum(e.size for e in entries if e.part in ("images", "anchors", "base_images")) + shared
+    holds, pinned = live_holds(root), pins(root)
+    mounted = _mounted(engine, notes)
+    if mounted:
+        holds = [*holds, *((0, f"mounted by container {name}", {path}, set()) for path, name in mounted.items())]
+    if holds or pinned:
+        def why(e: Entry) -> str | None:
+            if e.in_use or e.part == "other":
+                return e.in_use
+            word = pinned_by(e, pinned)
+            return f"{PINNED} (lab cache pin {word})" if word else _held(e, holds)
+        entries = [Entry(e.part, e.name, e.size, e.last_used, why(e), e.ref, e.label) for e in entries]
+    total = walk.total() + sum(e.size for e in entries if e.part in IMAGE_PARTS) + shared
     free = _free(root)
     cap = settings["cache_cap"]
     if cap is not None:
@@ -382,7 +527,23 @@ def take_inventory(engine=None, now: float | None = None,
         cap = default_cap(free, total)
         cap_source = "default: 30 GiB or a quarter of the free disk plus the cache, whichever is smaller"
     entries.sort(key=lambda e: (PARTS.index(e.part), e.name))
-    return Inventory(root, tuple(entries), total, int(cap), cap_source, free, shared, tuple(notes))
+    return Inventory(root, tuple(entries), total, int(cap), cap_source, free, shared, tuple(notes),
+                     margin=disk_margin(), engine=getattr(engine, "name", None) if engine is not None else None,
+                     runs=tuple(_runs_sizes(settings) if with_runs else ()))
+
+
+def disk_margin() -> int:
+    margin = current()["disk_margin"]
+    return DISK_MARGIN if margin is None else int(margin)
+
+
+def _runs_sizes(settings) -> list[tuple[str, int]]:
+    """The runs folder and what it holds (outside the cap: run folders are results, never evicted)."""
+    folder = settings.runs_dir.resolve()
+    if not folder.is_dir():
+        return [(str(folder), 0)]
+    size, _ = _Walk().entry([folder])
+    return [(str(folder), size)]
 
 
 def _free(root: Path) -> int:
@@ -408,22 +569,36 @@ def prune(engine=None, *, everything: bool = False, older_than: float | None = N
         uv_note = prune_uv(inv.root / "uv", events)
         if uv_note:
             inv = take_inventory(engine, now, only)
-    chosen = choose(inv.entries, total=inv.total, cap=inv.cap if cap is None else cap, now=now,
-                    older_than=older_than, everything=everything)
-    removed, freed, notes = [], 0, list(inv.notes) + ([uv_note] if uv_note else [])
-    for e in chosen:
-        problem = _remove(e, engine)
-        if problem:
-            notes.append(f"{e.part} {e.name}: {problem}")
-            continue
-        events("cache", f"removed {e.part} {e.name} ({_gib(e.size)})")
-        removed.append(e)
-        freed += e.size
+    first, target = inv, inv.cap if cap is None else cap
+    removed, notes = [], list(inv.notes) + ([uv_note] if uv_note else [])
+    counted_freed, pending = 0, 0    # freed as recounted; sizes removed since the last count
+    for _ in range(PRUNE_ROUNDS):
+        chosen = choose(inv.entries, total=inv.total, cap=target, now=now, older_than=older_than,
+                        everything=everything)
+        did = 0
+        for e in chosen:
+            problem = _remove(e, engine)
+            if problem:
+                notes.append(f"{e.part} {e.name}: {problem}")
+                continue
+            events("cache", f"removed {e.part} {e.name} ({_gib(e.size)})")
+            removed.append(e)
+            did += 1
+            pending += e.size
+        if everything or older_than is not None or not did:
+            break
+        # What the removed entries shared by hard links (a site tree and the unpacked wheels in uv's
+        # cache it came from) counted in neither alone: counted again, it is what the next round frees.
+        inv = take_inventory(engine, now, only)
+        counted_freed, pending = max(first.total - inv.total, 0), 0
+        if inv.total <= target:
+            break
     if removed:
-        _forget_stamps(inv.root, engine)
-    return Pruned(tuple(removed), freed, inv, tuple(notes))
+        _forget_stamps(first.root, engine)
+    return Pruned(tuple(removed), counted_freed + pending, first, tuple(notes))
 
 
+PRUNE_ROUNDS = 3                       # a tree and the wheels it is hard-linked to free bytes only together
 UV_PRUNE_TIMEOUT_S = 120
 _REMOVED = re.compile(r"Removed (\d+) files? \(([^)]*)\)")
 

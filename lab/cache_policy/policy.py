@@ -1,8 +1,11 @@
 """The eviction rule, apart from the disk and the engine: given what the cache holds, what to remove.
 
 Least recently used first. An entry in use (a container made from the image, a run of the lab in
-progress that used it) is never chosen, and neither is an entry that frees nothing (a base image or
-a layer anchor while images built on it remain: removing it would only untag it).
+progress that used it, a hold, a pin) is never chosen, and neither is an image that frees nothing (a
+base image or a layer anchor while images built on it remain: removing it would only untag it). A
+site tree and the unpacked wheels in uv's cache it was installed from share their files by hard
+links, so each alone frees little; they are chosen together by their last use (a run marks both),
+and the caller counts again after removing them (lab.cache_policy.inventory.prune).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ GiB = 1024**3
 DEFAULT_CAP_MAX = 30 * GiB       # the default cap: this much at most ...
 DEFAULT_CAP_SHARE = 0.25         # ... or a quarter of the disk the cache may use, whichever is smaller
 LOW_FREE_BYTES = 20 * GiB        # `lab doctor` warns under this much free disk
+DISK_MARGIN = 2 * GiB            # `disk_margin` default: a probe does not start unless this much stays free after it
 
 # Parts, in the order `lab cache info` lists them; `--all` removes images before what they are built on.
 PARTS = ("images", "anchors", "base_images", "bases", "site", "venv", "uv", "index", "collect_env", "other")
@@ -25,6 +29,8 @@ PART_TITLES = {"images": "images the lab built", "anchors": "layer anchors (kept
                "site": "site trees (cross-installed venvs)", "venv": "the local engine's venvs",
                "uv": "uv's wheel cache",
                "index": "release index", "collect_env": "collect_env answers", "other": "anything else"}
+
+LINKED_PARTS = ("site", "venv", "uv")   # hard-linked to each other (uv installs by linking its cache)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
@@ -44,6 +50,7 @@ class Entry:
     last_used: float          # seconds since the epoch
     in_use: str | None = None  # why it must stay, or None
     ref: object = field(default=None, compare=False, repr=False)  # what the remover needs (a path, an image)
+    label: str = ""           # what it is for, in words (a site tree: its torch requirement and target)
 
     @property
     def removable(self) -> bool:
@@ -76,7 +83,9 @@ def choose(entries: Sequence[Entry], *, total: int, cap: int | None = None, now:
     removable = [e for e in entries if e.removable]
     if everything:
         return sorted(removable, key=lambda e: (PARTS.index(e.part), e.last_used, e.name))
-    removable = [e for e in removable if e.size > 0]
+    # An image that frees nothing only untags (a base others build on); a tree or an unpacked wheel
+    # that frees nothing alone shares its files by hard links with the other, which goes with it.
+    removable = [e for e in removable if e.size > 0 or e.part in LINKED_PARTS]
     lru = sorted(removable, key=lambda e: (e.last_used, -e.size, e.name))
     if older_than is not None:
         return [e for e in lru if now - e.last_used >= older_than]

@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from lab.cache_policy.inventory import pins, set_pins, take_inventory
 from lab.cache_policy.inventory import prune as prune_cache
-from lab.cache_policy.inventory import take_inventory
 from lab.cache_policy.policy import PART_TITLES, parse_duration
 from lab.cli.guard import guard
 from lab.cli.options import JsonOpt, with_output_flags
@@ -27,6 +27,9 @@ def _cache_engine():
         return None
 
 
+BIG = 64 * 1024**2   # `lab cache info` names the entries in use from this size on
+
+
 def _gib(n: int) -> str:
     return f"{n / 1024**3:.2f} GiB"
 
@@ -34,7 +37,7 @@ def _gib(n: int) -> str:
 def info(as_json: JsonOpt = False) -> None:
     """Show each part of the cache (images, bases, site trees, uv's wheels, release index), its size, and the cap."""
     def body() -> None:
-        inv = take_inventory(_cache_engine())
+        inv = take_inventory(_cache_engine(), with_runs=True)
         if as_json:
             print_json(inv.as_json())
             return
@@ -42,11 +45,19 @@ def info(as_json: JsonOpt = False) -> None:
         sizes = inv.part_sizes()
         for part, size in sizes.items():
             entries = [e for e in inv.entries if e.part == part]
-            table.add_row(PART_TITLES[part], _gib(size), str(len(entries)), str(sum(bool(e.in_use) for e in entries)))
+            title = PART_TITLES[part] + (f" (engine {inv.engine})" if part == "images" and inv.engine else "")
+            table.add_row(escape(title), _gib(size), str(len(entries)), str(sum(bool(e.in_use) for e in entries)))
         out.print(table)
         state = "[red]over the cap[/]" if inv.total > inv.cap else "under the cap"
         out.print(f"total {_gib(inv.total)} of a cap of {_gib(inv.cap)} ({escape(inv.cap_source)}): {state}; "
-                  f"{_gib(inv.free)} free at {escape(str(inv.root))}")
+                  f"{_gib(inv.free)} free at {escape(str(inv.root))} (a run must leave {_gib(inv.margin)}: "
+                  "disk_margin)")
+        for folder, size in inv.runs:
+            out.print(f"run folders: {_gib(size)} at {escape(folder)} (results: outside the cap, never pruned)")
+        kept = [e for e in inv.entries if e.in_use and e.part != "other" and e.size >= BIG]
+        for e in sorted(kept, key=lambda e: -e.size):
+            name = f"{e.name} [{e.label}]" if e.label else e.name
+            out.print(f"kept: {escape(e.part)} {escape(name)} ({_gib(e.size)}): {escape(e.in_use or '')}")
         out.print("sizes: files once per inode (hard links counted once); images by what removing each frees, "
                   f"plus {_gib(inv.shared_image_bytes)} of layers they share, counted once", markup=False)
         for note in inv.notes:
@@ -82,7 +93,39 @@ def prune(
     guard(body)
 
 
+def pin(
+    words: Annotated[list[str], typer.Argument(help="An entry's name, or a word of its name or label (such as "
+                                               "torch==2.5.1, or an image tag), as `lab cache info --json` lists "
+                                               "them.", show_default=False)],
+    as_json: JsonOpt = False,
+) -> None:
+    """Keep matching cache entries: neither the cap nor `lab cache prune --all` removes them."""
+    def body() -> None:
+        now = sorted(set(pins()) | set(words))
+        set_pins(now)
+        err.print("pinned: " + escape(", ".join(now)))
+        if as_json:
+            print_json({"pins": now})
+    guard(body)
+
+
+def unpin(
+    words: Annotated[list[str], typer.Argument(help="What `lab cache pin` was given.", show_default=False)],
+    as_json: JsonOpt = False,
+) -> None:
+    """Let the cap remove entries pinned before."""
+    def body() -> None:
+        now = [w for w in pins() if w not in set(words)]
+        set_pins(now)
+        err.print("pinned: " + (escape(", ".join(now)) or "nothing"))
+        if as_json:
+            print_json({"pins": now})
+    guard(body)
+
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="The lab's cache: what it holds, its cap, and pruning it.")
 app.command("info")(with_output_flags(info))
 app.command("prune")(with_output_flags(prune))
+app.command("pin")(with_output_flags(pin))
+app.command("unpin")(with_output_flags(unpin))

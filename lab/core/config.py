@@ -122,6 +122,9 @@ KEYS: tuple[Key, ...] = (
         "the most the cache (the lab's images and everything under cache_dir) may hold, such as \"50GiB\"; "
         "enforced after each run and bisect probe, least recently used first (default: 30 GiB or a quarter "
         "of the free disk plus the cache, whichever is smaller)"),
+    Key("disk_margin", "LAB_DISK_MARGIN", Annotated[int | None, BeforeValidator(to_size), AfterValidator(as_size)],
+        None, "the free disk a run or bisect probe must leave where the cache lives, beyond what it is estimated to "
+        "add; a run that would leave less is refused before it starts (default: 2 GiB)"),
     Key("default_arch", "LAB_DEFAULT_ARCH", Annotated[Arch, BeforeValidator(_arch)] | None, None,
         "the architecture (amd64 or arm64) picked when a scenario lists several and a command needs one "
         "(render, build, bisect, build-base); `--arch` overrides it"),

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lab.cache_policy import inventory as cache_policy
+from lab.cache_policy.room import CacheSpaceError
 from lab.compare.diff import compare_runs
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
@@ -258,8 +259,8 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                 on.discard(image.tag)  # (Docker: the apt and venv layers serve the next probe)
             with lock:
                 cache_policy.enforce_cap(on, say, force=True)  # never raises: a problem is an event
-        except EngineError:
-            raise  # the engine itself is gone: another engine, or nothing else can run either
+        except (EngineError, CacheSpaceError):
+            raise  # the engine itself is gone, or the disk is full: no later probe could run either
         except LabError as exc:  # this release cannot be set up here: a skip, never a boundary
             p = Probe.judged(version, "error", reason=str(exc).split("\n")[0][:300], run_dir=str(run_dir),
                              engine=name, emulated=emulated)
@@ -308,6 +309,7 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                               lambda on, emulated: attempt(version, run_dir, on, emulated, say), say)
             except NoEngineError as exc:  # every engine that fits is gone: say so, never a boundary
                 p = Probe.judged(version, "error", reason=exc.message[:300], run_dir=str(run_dir))
+        let_go(version)  # its run held what it used; what was made ahead for it may now go
         if on_probe:
             with lock:
                 on_probe(p, False)
@@ -319,6 +321,8 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     def probe_many(versions: list[str]) -> list[Probe]:
         return run_all(versions, probe, workers=width, on_interrupt=lambda: remove_containers(engines))
 
+    held: dict[str, cache_policy.Hold] = {}  # trees made ahead, by release, until their probe has run
+
     def made_ready(version: str) -> None:
         """What the probe of `version` needs before it runs (lab.drivers.bisect_ahead)."""
         on = engine if fleet is None else fleet.engine(fleet.routes(arch, scenario.gpu)[0].engine)
@@ -328,9 +332,14 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         if on.cross_installs:  # Docker: the base in a thread, the site tree from uv on the host
             ready = on.begin(case, say)
             try:
-                plan_for(case, on, host, say)
+                plan = plan_for(case, on, host, say)
             finally:
                 ready()
+            if plan.site is not None and plan.site.root is not None:  # kept until its probe has run
+                with lock:
+                    if version not in held:
+                        held[version] = cache_policy.hold((plan.site.root,), (),
+                                                          f"made ahead for the probe of torch {version}")
         else:  # the local engine: its venv, made by uv and cached by its requirements
             with tempfile.TemporaryDirectory(prefix="lab-ahead-") as scratch:
                 on.prepare(case, plan_for(case, on, host, say), host, Path(scratch), say)
@@ -354,11 +363,21 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         if ahead is not None:
             ahead.ask(todo)
 
+    def let_go(version: str | None = None) -> None:
+        """Release what was made ahead for `version` (its probe has run), or for every release."""
+        with lock:
+            for v in [version] if version is not None else list(held):
+                kept = held.pop(v, None)
+                if kept is not None:
+                    kept.release()
+
     ahead = Prefetcher(make_ready, events) if request.prefetch and make_ready is not None else None
-    # One lease for the whole bisection: what its probes use (anchors, sites, uv's wheels) stays
-    # while it runs; the runs leave the cap to the probe loop above.
+    # No lease over the whole bisection (it kept every probe's tree and image "in use" to the end):
+    # each probe's run holds its own, so what a finished probe used can go before the next one
+    # starts; a tree made ahead is held by name until its probe has run (`held`); the runs leave
+    # the cap to the probe loop above.
     try:
-        with cache_policy.lease(), cache_policy.deferred():
+        with cache_policy.deferred():
             searched = bisect(found, probe, width=width, probe_many=probe_many,
                               prepare=ahead_of if ahead is not None else None)
             if not request.probe_details and boundary_env is not None:
@@ -366,9 +385,11 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     except BaseException:
         if ahead is not None:  # Ctrl-C or an error: not held up by a release being made ahead
             ahead.close(wait=False)
+        let_go()
         raise
     if ahead is not None:
         ahead.close()
+    let_go()
     reused = [p for p in searched.steps if p.reused_from]
     if reused or refused:
         searched = searched.model_copy(update={"notes": (*searched.notes, *(
@@ -389,10 +410,9 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                 "pin it in the scenario as expect.signature"))})
     result = at_the_boundary(result).model_copy(update={"deps": scenario.deps})
     if blame and result.status == FOUND:
-        with cache_policy.lease():
-            result = result.model_copy(update=_blame(result, scenario, arch, sets, host, runs_root, folder,
-                                                     engine, fleet, run_case, events, keep_images,
-                                                     failed_differently))
+        result = result.model_copy(update=_blame(result, scenario, arch, sets, host, runs_root, folder,
+                                                 engine, fleet, run_case, events, keep_images,
+                                                 failed_differently))
     elif not blame:
         result = result.model_copy(update={"blame_summary": "not run (--no-blame)"})
     bad = _bad_release(result) if localize else None
