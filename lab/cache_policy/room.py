@@ -18,6 +18,7 @@ round): it never warns and never refuses.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,18 +169,37 @@ def _quick(need: int, now: float) -> Room | None:
     if last is None:
         return None
     try:
-        at = float(json.loads((root / inventory.LAST_COUNT).read_text())["at"])
-        free_then = int(json.loads((root / inventory.LAST_COUNT).read_text()).get("free", 0))
-    except (OSError, ValueError, KeyError, TypeError):
+        recorded = json.loads((root / inventory.LAST_COUNT).read_text())
+        at = float(recorded["at"])
+        free_then = int(recorded.get("free", 0))
+        promised = int(recorded.get("promised", 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     total, last_cap = last
     cap = settings["cache_cap"] if settings["cache_cap"] is not None else last_cap
     free = inventory._free(root)
-    grown = max(free_then - free, 0) if free_then else 0
+    # what the cache grew by since the count: the disk's drop, which another process's deletions on
+    # the same disk can hide, and never less than what the runs answered from it said they would add
+    grown = max(free_then - free if free_then else 0, promised, 0)
     if not (0 <= now - at < inventory.RECOUNT_S):
         return None
     room = Room(need, total + grown, int(cap), free, inventory.disk_margin(), counted=False)
-    return room if room.ok and room.total + need <= inventory.RECOUNT_SHARE * cap else None
+    if not (room.ok and room.total + need <= inventory.RECOUNT_SHARE * cap):
+        return None
+    _promise(root, recorded, need)
+    return room
+
+
+def _promise(root: Path, recorded: dict, need: int) -> None:
+    """Add `need` to the bytes promised since the last count, so the next quick answer counts them
+    even when the disk's free space does not show them."""
+    try:
+        recorded = {**recorded, "promised": int(recorded.get("promised", 0)) + int(need)}
+        tmp = root / f"{inventory.LAST_COUNT}.{os.getpid()}.promise.tmp"
+        tmp.write_text(json.dumps(recorded))
+        tmp.replace(root / inventory.LAST_COUNT)
+    except (OSError, ValueError, TypeError):
+        pass
 
 
 def make_room(need: int, engine=None, events: Events = no_events, *, now: float | None = None,

@@ -140,6 +140,27 @@ def test_a_recent_count_far_under_the_cap_answers_without_walking_the_cache(cach
     assert got.ok and not got.counted and walked == []
 
 
+def test_quick_answers_count_what_they_promised_when_the_disk_does_not_show_it(cache, monkeypatch):
+    """Another process's deletions on the same disk can hide what the runs added: the quick answers
+    still add up what each run said it would add, and walk the cache once that nears the cap."""
+    now = time.time()
+    monkeypatch.setenv("LAB_CACHE_CAP", str(100 * GiB))
+    inv._remember(cache, now, 1 * GiB, 100 * GiB)
+    monkeypatch.setattr(inv, "_free", lambda root: 500 * GiB)  # the disk's free space never drops
+    walked = []
+
+    def count(*a, **k):
+        walked.append(1)
+        raise RuntimeError("walked")
+    monkeypatch.setattr(inv, "take_inventory", count)
+    for i in range(4):  # 1 + 4 x 15 = 61 GiB with the next 15: under three quarters of the cap
+        got = room.make_room(15 * GiB, None, now=now + 1 + i)
+        assert got.ok and not got.counted and got.total == (1 + 15 * i) * GiB
+    with pytest.raises(RuntimeError, match="walked"):  # 61 + 15 > 75: a real count
+        room.make_room(15 * GiB, None, now=now + 10)
+    assert walked == [1]
+
+
 # ----------------------------------------------------------------------------- through a bisection
 
 def _case(tmp_path: Path, torch: str):
