@@ -68,7 +68,15 @@ from lab.core.scrub import MASK
 from lab.engine.protocol import Engine
 from lab.image.era import SKIPPED, pins_to_versions
 from lab.image.hostpip import HostPip
-from lab.image.render import BASE_PACKAGES, ContextFile, Sealed, context_digest, plan_build, render_dockerfile
+from lab.image.render import (
+    BASE_PACKAGES,
+    PROVENANCE,
+    ContextFile,
+    Sealed,
+    context_digest,
+    plan_build,
+    render_dockerfile,
+)
 from lab.image.resolve import BACKENDS, MODES, Case, resolve
 from lab.image.wheelsonly import DirectReference, direct_references, refuse_references
 from lab.pipeline import RunCase, run_limits
@@ -86,8 +94,7 @@ MAX_DOCKERFILE_BYTES = 1 << 20
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}")
 # The comment line `render_dockerfile` writes second; kept from the bundle when well-formed and
 # everything else is the re-render byte for byte, so an unchanged bundle rebuilds the same image tag.
-_PROVENANCE = re.compile(r"# Rendered by torch-repro-lab [0-9A-Za-z.+-]{1,40} from [A-Za-z0-9_.+-]{1,200}\.",
-                         re.ASCII)
+_PROVENANCE = PROVENANCE
 # What a terminal would act on or hide: C0/C1 controls, invisible and bidirectional characters.
 _HIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
                      "\u2060-\u2069\ufeff\ufff9-\ufffb]")

@@ -41,6 +41,7 @@ from lab.image.render import (
     BuildPlan,
     ContextFile,
     ContextTree,
+    builds_as_rendered,
     image_pip_conf,
     render_dockerfile,
     render_mounted,
@@ -116,7 +117,7 @@ def build_image(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Even
     case = plan.case
     base_started = time.monotonic()
     base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
-    decision = mount_decision(plan, engine.on_this_host, plan.dockerfile == render_dockerfile(case),
+    decision = mount_decision(plan, engine.on_this_host, builds_as_rendered(plan.dockerfile, case),
                               lambda folder: engine.sees_host_folder(folder, base.ref)) if for_runs else \
         MountDecision(False, "an image to use on its own: the tree is a layer of it")
     if plan.site is not None and plan.site.root is not None:

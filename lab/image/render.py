@@ -271,6 +271,20 @@ def render_dockerfile(case: Case) -> str:
     return render_template(template_for(case), dockerfile_fields(case), source)
 
 
+# The first comment of every Dockerfile the lab renders; a replay's re-render carries the bundle's
+# own line (the scenario file the original run used) in place of this host's (lab.bundle.replay).
+PROVENANCE = re.compile(r"# Rendered by torch-repro-lab [0-9A-Za-z.+-]{1,40} from [A-Za-z0-9_.+-]{1,200}\.",
+                        re.ASCII)
+
+
+def builds_as_rendered(dockerfile: str, case: Case) -> bool:
+    """Whether `dockerfile` builds what this lab renders for `case`: the same text, but for the
+    provenance comment (a replay's re-render names the original run's scenario file there)."""
+    def steps(text: str) -> list[str]:
+        return [line for line in text.split("\n") if not PROVENANCE.fullmatch(line)]
+    return steps(dockerfile) == steps(render_dockerfile(case))
+
+
 def render_parts(case: Case) -> tuple[str, str, str]:
     """The lab's Dockerfile for `case` in the two parts it is built in around the copy of the site
     image into the venv (`COPY --from=site`): the steps before it (base, system packages, user, CA,

@@ -7,6 +7,7 @@ import pytest
 from lab.image.hostpip import HostPip
 from lab.image.render import (
     ContextTree,
+    builds_as_rendered,
     plan_build,
     render_dockerfile,
     write_context,
@@ -208,3 +209,18 @@ def test_the_dockerfile_splits_where_it_copies_the_site_image():
     assert prefix + copy + suffix.split("\n", 2)[2] == text
     gpu_prefix, gpu_suffix, _ = render_parts(case("dlpack-cuda"))  # the CUDA template's parts, the same way
     assert gpu_prefix + copy + gpu_suffix.split("\n", 2)[2] == render_dockerfile(case("dlpack-cuda"))
+
+
+def test_a_replays_rerender_builds_as_rendered_but_another_dockerfile_does_not():
+    """A replay's re-render carries the bundle's provenance comment (the original run's scenario
+    file): it builds what this lab renders, so a run on this host may mount the tree for it; one
+    changed step is another Dockerfile."""
+    case = resolve(load_scenario(SCENARIOS / "libgomp-aarch64.yaml"), torch="2.5.1")
+    ours = render_dockerfile(case)
+    lines = ours.split("\n")
+    first = next(i for i, line in enumerate(lines) if line.startswith("# Rendered by torch-repro-lab"))
+    other = "# Rendered by torch-repro-lab 0.0.9 from other-name.yaml."
+    theirs = "\n".join([*lines[:first], other, *lines[first + 1:]])
+    assert theirs != ours and builds_as_rendered(theirs, case) and builds_as_rendered(ours, case)
+    assert not builds_as_rendered(ours.replace("python3 -m venv /opt/venv", "python3 -m venv /opt/venv && true"), case)
+    assert not builds_as_rendered(ours.replace("# Rendered by", "# rendered by"), case)
