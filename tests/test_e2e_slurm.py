@@ -79,6 +79,14 @@ def wait_for(what, seconds: float = 120):
     raise AssertionError("waited in vain")
 
 
+def cancel_the_task_running(runs: Path, version: str) -> str:
+    """`scancel` of the one array task whose log shows the script of torch `version` running; its id."""
+    running = wait_for(lambda: [log.stem.split("-", 1)[1] for log in runs.glob(".slurm/*/slurm-*.out")
+                                if "running python" in (text := log.read_text()) and f"torch=={version}" in text])
+    subprocess.run(["scancel", running[0]], check=True, timeout=20)
+    return running[0]
+
+
 def test_a_bisection_through_slurm_finds_the_boundary_of_the_local_engine_one_array_per_round(tmp_path):
     path, env = stand_ins(tmp_path, "slurm-bisect", ("0.0.1", "0.0.2", "0.0.3", "0.1.0"), PRINT)
     args = ["bisect", str(path), "--from", "0.0.1", "--to", "0.1.0", "--jobs", "2", "--no-blame", "--json"]
@@ -115,9 +123,7 @@ def test_a_matrix_through_slurm_is_one_array_and_a_cell_lost_to_slurm_is_its_err
                              "--out", str(runs), "--no-diagnose", "--json"], cwd=ROOT, env={**os.environ, **env},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        running = wait_for(lambda: [log.stem.split("-", 1)[1] for log in runs.glob(".slurm/*/slurm-*.out")
-                                    if "running python" in (text := log.read_text()) and "torch==0.0.3" in text])
-        subprocess.run(["scancel", running[0]], check=True, timeout=20)
+        task = cancel_the_task_running(runs, "0.0.3")
         stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -127,8 +133,8 @@ def test_a_matrix_through_slurm_is_one_array_and_a_cell_lost_to_slurm_is_its_err
     assert {v: c["verdict"] for v, c in cells.items()} == {
         "0.0.1": "reproduced", "0.0.2": "reproduced", "0.0.3": "error", "0.1.0": "not_reproduced"}
     [lost] = cells["0.0.3"]["runs"]
-    assert f"Slurm job {running[0]} ended CANCELLED" in lost["reason"] and "not a verdict" in lost["reason"]
-    assert lost["run_dir"].endswith(f"slurm-{running[0]}.out") and cells["0.0.3"]["runnable"] == 0
+    assert f"Slurm job {task} ended CANCELLED" in lost["reason"] and "not a verdict" in lost["reason"]
+    assert lost["run_dir"].endswith(f"slurm-{task}.out") and cells["0.0.3"]["runnable"] == 0
     assert [n for _, n in arrays(runs)] == [4]
     assert queued(name) == []
     assert not sandboxes_of(name)
@@ -166,10 +172,7 @@ def test_a_task_killed_on_its_node_is_a_skip_never_a_verdict(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # the ends run first (one array of two); the middle release, 0.0.2, is the one that sleeps
-        logs = (tmp_path / "runs").glob
-        running = wait_for(lambda: [log.stem.split("-", 1)[1] for log in logs(".slurm/*/slurm-*.out")
-                                    if "running python" in (text := log.read_text()) and "torch==0.0.2" in text])
-        subprocess.run(["scancel", running[0]], check=True, timeout=20)
+        cancel_the_task_running(tmp_path / "runs", "0.0.2")
         stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

@@ -19,6 +19,7 @@ from lab.image.crossinstall import InstallJob, ensure_site, target_for
 from lab.image.hostpip import HostPip, discover
 from lab.image.resolve import resolve
 from lab.pipeline import RunOutcome
+from tests.cache_policy.test_room import NoImages
 from tests.conftest import fake_result, tiny_scenario
 
 # torch release of the bisection -> the small real release installed for it
@@ -64,16 +65,6 @@ class RealTrees:
                                  content_key=key.digest, content_parts=dict(key.parts))
             result.write(run_dir / "result.json")
             return RunOutcome(run_dir, result, Judgement(verdict=result.verdict, reason=result.reason))
-
-
-class NoImages:
-    name = "fake"
-
-    def managed_images(self):
-        return []
-
-    def discard(self, tag: str) -> None:
-        pass
 
 
 def _one_tree(cache: Path, target, host: HostPip, version: str) -> tuple[int, int]:
