@@ -16,6 +16,7 @@ two emulated probes at once on a machine whose cores an emulated script leaves i
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -112,6 +113,9 @@ def emulated_width(fleet: Fleet, arch: str, gpu: bool) -> int:
     if not found or any(not r.emulated for r in found):
         return fleet.slots
     facts = {f.name: f for f in fleet.facts}
+    # engines whose sockets are on this host share its cores: together they get one probe per core
+    on_host = sum(1 for r in found if (f := facts.get(r.engine)) is not None and f.local)
+    host_share = max(1, (os.cpu_count() or 1) // on_host) if on_host else None
     width = 0
     for route in found:
         f = facts.get(route.engine)
@@ -119,6 +123,8 @@ def emulated_width(fleet: Fleet, arch: str, gpu: bool) -> int:
             return fleet.slots
         per_core = max(1, min(f.cpus or 1, (f.memory or MEMORY_PER_SLOT) // MEMORY_PER_SLOT,
                               (f.free_disk // DISK_PER_PROBE) if f.free_disk is not None else 1 << 20))
+        if f.local and host_share is not None:
+            per_core = min(per_core, host_share)
         fleet.widen(route.engine, per_core)
         width += fleet.capacity.get(route.engine, 0)
     return max(width, fleet.slots)

@@ -117,3 +117,13 @@ def test_emulated_probes_as_disk_allows():
     engine = facts("default", cpus=4, memory=24 * GiB)
     fleet = Fleet([(EngineFacts(**{**engine.__dict__, "free_disk": 17 * GiB}), object())])
     assert emulated_width(fleet, "arm64", False) == 2
+
+
+def test_engines_on_this_host_share_its_cores(monkeypatch):
+    """Two engines whose sockets are on one 2-core host: one emulated probe each, not two each."""
+    monkeypatch.setattr("lab.drivers.bisect_ahead.os.cpu_count", lambda: 2)
+    here = [EngineFacts(**{**facts(n, cpus=2, memory=24 * GiB).__dict__, "local": True}) for n in ("first", "second")]
+    fleet = Fleet([(f, object()) for f in here])
+    assert emulated_width(fleet, "arm64", False) == 2 and fleet.capacity == {"first": 1, "second": 1}
+    alone = Fleet([(here[0], object())])
+    assert emulated_width(alone, "arm64", False) == 2  # one engine on the host: one per core
