@@ -203,7 +203,10 @@ info = [l.split() for l in open("/proc/self/mountinfo")]
 fields = {l[4]: (l[3], l[5], l[l.index("-") + 1]) for l in info}
 mounts = [m for m, (root, opts, fstype) in fields.items() if fstype not in ("proc", "tmpfs", "devpts", "sysfs",
           "cgroup", "mqueue", "overlay", "cgroup2") and not m.startswith(("/proc", "/sys", "/dev", "/etc/"))]
-print("mounts", sorted(mounts))
+print("mounts", sorted(m for m in mounts if not m.startswith("/opt/venv/")))
+venv = [m for m in mounts if m.startswith("/opt/venv/")]
+print("venv-mounts", len(venv))
+print("venv-mounts-writable", sorted(m for m in venv if "ro" not in fields[m][1].split(",")))
 print("out-root", fields["/out"][0])
 print("root-options", fields["/"][1])
 print("tmp", fields["/tmp"][2], fields["/tmp"][1])
@@ -230,7 +233,11 @@ def test_the_script_runs_confined(tmp_path):
     assert "NoNewPrivs:\t1" in stdout
     assert "cgroup-pids 321" in stdout
     assert "docker-sock False" in stdout
-    assert "mounts ['/out']" in stdout, stdout  # and /tmp, a tmpfs
+    assert "mounts ['/out']" in stdout, stdout  # and /tmp, a tmpfs; besides them only the venv's tree:
+    # on a Docker engine on this host the cached torch tree is mounted read-only at the venv's paths
+    mounted = int(next(ln for ln in stdout.splitlines() if ln.startswith("venv-mounts ")).split()[1])
+    assert (mounted > 0) is result["image"]["site_mounted"] is True, stdout
+    assert "venv-mounts-writable []" in stdout, stdout
     # /out is a Docker volume (the engine's own folder), not a bind mount of a host folder.
     out_root = next(ln for ln in stdout.splitlines() if ln.startswith("out-root ")).split()[1]
     assert "/volumes/" in out_root and out_root.endswith("/_data"), out_root
