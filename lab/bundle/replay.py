@@ -94,7 +94,6 @@ MAX_DOCKERFILE_BYTES = 1 << 20
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}")
 # The comment line `render_dockerfile` writes second; kept from the bundle when well-formed and
 # everything else is the re-render byte for byte, so an unchanged bundle rebuilds the same image tag.
-_PROVENANCE = PROVENANCE
 # What a terminal would act on or hide: C0/C1 controls, invisible and bidirectional characters.
 _HIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
                      "\u2060-\u2069\ufeff\ufff9-\ufffb]")
@@ -482,11 +481,11 @@ def _with_provenance(rendered: str, bundled: bytes | None) -> str:
     if bundled is None:
         return rendered
     theirs = next((line for line in bundled.decode("utf-8", "replace").split("\n")[:5]
-                   if _PROVENANCE.fullmatch(line)), None)
+                   if PROVENANCE.fullmatch(line)), None)
     ours = rendered.split("\n")
     if theirs is None:
         return rendered
-    return "\n".join(theirs if _PROVENANCE.fullmatch(line) else line for line in ours)
+    return "\n".join(theirs if PROVENANCE.fullmatch(line) else line for line in ours)
 
 
 def _diff(bundled: bytes | None, rendered: str) -> tuple[tuple[str, ...], int]:
