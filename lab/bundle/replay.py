@@ -92,8 +92,6 @@ MAX_LINE_CHARS = 200        # a longer line is cut, with the count of what was c
 MAX_DIFF_LINES = 400        # a longer diff is cut, with the count of what was cut
 MAX_DOCKERFILE_BYTES = 1 << 20
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}")
-# The comment line `render_dockerfile` writes second; kept from the bundle when well-formed and
-# everything else is the re-render byte for byte, so an unchanged bundle rebuilds the same image tag.
 # What a terminal would act on or hide: C0/C1 controls, invisible and bidirectional characters.
 _HIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
                      "\u2060-\u2069\ufeff\ufff9-\ufffb]")
