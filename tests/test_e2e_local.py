@@ -386,6 +386,38 @@ def test_a_bisection_after_a_matrix_takes_its_verdicts_and_collects_env_only_at_
     assert str(steps["0.0.1"]["reused_from"]) in (folder / "bisect.md").read_text()
 
 
+@needs_bwrap
+def test_two_slots_start_each_probe_when_one_is_free_and_stop_the_one_no_longer_needed(tmp_path):
+    """Issue 34: with two slots (`--jobs 2`) a slot takes its next probe as soon as it is free. Five
+    stand-in releases; 0.0.1 and 0.0.2 reproduce. The scripts' sleeps set who finishes first: 0.0.1
+    (at once) frees its slot while 0.1.0 runs (8 s), so 0.0.3 starts in the middle (40 s); then 0.0.2,
+    then 0.0.4, whose script would sleep 10 minutes. 0.0.3's answer closes the search at 0.0.2 ->
+    0.0.3, so 0.0.4 must be stopped, not waited for: it leaves no step and no folder, only a note."""
+    versions = ("0.0.1", "0.0.2", "0.0.3", "0.0.4", "0.1.0")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for version in versions:
+        _stand_in_torch(wheels, version)
+    arch = "arm64" if platform.machine() in ("aarch64", "arm64") else "amd64"
+    script = ("import time, torch\nv = torch.__version__\n"
+              "time.sleep({'0.1.0': 8, '0.0.3': 40, '0.0.4': 600}.get(v, 0))\n"
+              "print('old' if v in ('0.0.1', '0.0.2') else 'new', v)\n")
+    path = scenario(tmp_path, "stand-in-slots", script, "expect:\n  stdout_contains: 'old'\n",
+                    header=f"torch: '0.0.1'\narch: {arch}\nbase: debian:bookworm\n")
+    proc = run_lab("bisect", str(path), "--from", "0.0.1", "--to", "0.1.0", "--engine", "local", "--jobs", "2",
+                   "--out", str(tmp_path / "runs"), "--json", "--no-blame", env={"PIP_FIND_LINKS": str(wheels)},
+                   timeout=480)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert (result["status"], result["last_old"], result["first_new"]) == ("found", "0.0.2", "0.0.3"), result
+    assert result["eager"] and result["width"] == 2
+    assert {s["torch"]: s["verdict"] for s in result["steps"]} == {
+        "0.0.1": "reproduced", "0.1.0": "not_reproduced", "0.0.3": "not_reproduced", "0.0.2": "reproduced"}
+    assert "0.0.4 was stopped before it answered: the other probes' answers made it unnecessary" in result["notes"]
+    assert not (Path(result["folder"]) / "torch0.0.4").exists()
+    assert "torch 0.0.4: stopped, the other probes' answers made it unnecessary" in proc.stderr
+    assert "each started as soon as a slot was free" in proc.stderr
+
 has_gpu = Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()
 
 

@@ -48,10 +48,15 @@ def bisect(
         "--probe-details/--no-probe-details", help="Run collect_env and the diagnose step's default on every "
         "probe (default: collect_env only for the boundary's two releases; config bisect.probe_details).",
         show_default=False)] = None,
+    rounds: Annotated[bool, typer.Option(
+        "--rounds", help="With several slots: k-ary rounds, whose probes start together and wait for the "
+        "slowest, so the order of probes depends only on their answers (default: each probe starts as soon "
+        "as a slot is free, and one no longer needed is stopped).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the torch release where a scenario's verdict changes (a regression or a fix). With several
-    slots (--jobs, or engines), each round probes that many releases at once (k-ary bisection)."""
+    slots (--jobs, or engines), that many probes run at once: each starts as soon as a slot is free,
+    and a probe the others' answers made unnecessary is stopped (--rounds: k-ary rounds instead)."""
     def body() -> None:
         old_v, new_v = check_version(old, "--from"), check_version(new, "--to")
         counted = counting(failed_differently)
@@ -59,7 +64,7 @@ def bisect(
         request = BisectRequest(loaded, scenario, old_v, new_v, inputs.arch_for(loaded, arch), pre=pre,
                                 sets=inputs.parse_sets(sets or []), keep_images=keep_images,
                                 failed_differently=counted, localize=localize, blame=blame, reuse=reuse,
-                                emulated_slots=jobs is None,
+                                emulated_slots=jobs is None, eager=not rounds,
                                 probe_details=bool(inputs.settings()["bisect.probe_details"] if probe_details is None
                                                    else probe_details))
         runs_root = inputs.runs_root(out_dir)
@@ -98,7 +103,9 @@ def bisect(
             raise
         result = run.result
         if result.width > 1:
-            err.print(f"{len(result.steps)} probes in {result.rounds} rounds, up to {result.width} at once")
+            err.print(f"{len(result.steps)} probes, up to {result.width} at once, each started as soon as a slot "
+                      "was free" if result.eager else
+                      f"{len(result.steps)} probes in {result.rounds} rounds, up to {result.width} at once")
         colour = "bold" if result.status == "found" else "bold yellow"
         err.print(f"[{colour}]{result.status}[/]: {escape(result.summary)}")
         for line in boundary_lines(result):

@@ -580,7 +580,8 @@ class BisectResult(Document):
     new_end: str | None = None
     notes: tuple[str, ...] = ()
     width: int = 1                # releases probed per round (the slots it had)
-    rounds: int | None = None     # rounds of probes (with width 1: the probes made)
+    rounds: int | None = None     # rounds of probes (with width 1: the probes made; eager: the moments probes started)
+    eager: bool = False           # each probe started as soon as a slot was free (lab.drivers.bisect_eager)
     # where and how the driver ran it (absent from the pure search's answer)
     scenario: str | None = None
     arch: Arch | None = None

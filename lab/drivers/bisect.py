@@ -46,6 +46,7 @@ from lab.core.results import (
     Probe,
     outcome_of,
 )
+from lab.drivers.bisect_eager import run_eager
 
 __all__ = ["AMBIGUOUS", "FOUND", "NO_CHANGE", "NO_RUNNABLE_PAIR", "NOT_REPRODUCED", "OUTCOMES", "REPRODUCED",
            "SKIP", "BisectError", "BisectResult", "Probe", "bisect", "cost_bound", "outcome_of"]
@@ -167,12 +168,15 @@ class _Search:
 
 def bisect(versions: Sequence[str], probe: Callable[[str], Probe], *, width: int = 1,
            probe_many: Callable[[list[str]], list[Probe]] | None = None,
-           prepare: Callable[[list[str]], None] | None = None) -> BisectResult:
+           prepare: Callable[[list[str]], None] | None = None, eager: bool = False,
+           on_interrupt: Callable[[], None] = lambda: None) -> BisectResult:
     """Find where the verdict changes between `versions[0]` and `versions[-1]` (oldest first).
 
     `width` releases are probed per round, through `probe_many(versions) -> probes` (in the same
     order) when given, else one `probe` after another. `prepare(versions)` hears, before each round,
-    what the next round may probe (see the module's docstring).
+    what the next round may probe (see the module's docstring). With `eager` and `width` > 1, there
+    are no rounds: each `probe` runs on its own thread and a slot is given its next release as soon
+    as it is free (lab.drivers.bisect_eager; `on_interrupt` is called on Ctrl-C).
 
     Raises BisectError for fewer than two releases or repeated ones. Every other
     situation is a result: `found`, `ambiguous` (skips hide the exact boundary),
@@ -189,6 +193,8 @@ def bisect(versions: Sequence[str], probe: Callable[[str], Probe], *, width: int
         raise BisectError(f"the candidate releases repeat {', '.join(repeated)}; each must appear once.")
 
     width = max(1, width)
+    if eager and width > 1:
+        return run_eager(versions, probe, width, prepare=prepare, on_interrupt=on_interrupt)
     s = _Search(versions, probe, probe_many, prepare)
     last = len(versions) - 1
     if prepare is not None:  # while the ends run: the new end (serial) and the first round inside

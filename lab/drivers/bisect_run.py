@@ -32,6 +32,7 @@ from typing import Protocol
 from lab.cache_policy import inventory as cache_policy
 from lab.cache_policy.room import CacheSpaceError
 from lab.compare.diff import compare_runs
+from lab.core import cancel
 from lab.core.errors import EngineError, LabError, ScenarioError
 from lab.core.records import Events, no_events
 from lab.core.results import (
@@ -153,6 +154,9 @@ class BisectRequest:
     prefetch: bool = True
     emulated_slots: bool = True
     probe_details: bool = False
+    # with several slots, start each probe as soon as a slot is free, and stop one no longer needed
+    # (lab.drivers.bisect_eager), instead of k-ary rounds that wait for their slowest probe
+    eager: bool = True
 
 
 def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: Events = no_events, *,
@@ -298,17 +302,23 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
             return p
         if ahead is not None:
             ahead.forget(version)
-        if fleet is None:
-            assert engine is not None
-            p = attempt(version, run_dir, engine, None, events)
-        else:
-            def say(stage: str, message: str) -> None:
-                events(stage, f"[torch {version}] {message}" if parallel else message)
-            try:
-                p = on_engine(fleet, arch, scenario.gpu, f"the probe of torch {version}",
-                              lambda on, emulated: attempt(version, run_dir, on, emulated, say), say)
-            except NoEngineError as exc:  # every engine that fits is gone: say so, never a boundary
-                p = Probe.judged(version, "error", reason=exc.message[:300], run_dir=str(run_dir))
+        try:
+            if fleet is None:
+                assert engine is not None
+                p = attempt(version, run_dir, engine, None, events)
+            else:
+                def say(stage: str, message: str) -> None:
+                    events(stage, f"[torch {version}] {message}" if parallel else message)
+                try:
+                    p = on_engine(fleet, arch, scenario.gpu, f"the probe of torch {version}",
+                                  lambda on, emulated: attempt(version, run_dir, on, emulated, say), say)
+                except NoEngineError as exc:  # every engine that fits is gone: say so, never a boundary
+                    p = Probe.judged(version, "error", reason=exc.message[:300], run_dir=str(run_dir))
+        except cancel.Cancelled:  # an eager search no longer needs it: no verdict, no folder
+            events("bisect", f"torch {version}: stopped, the other probes' answers made it unnecessary")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            let_go(version)
+            raise
         let_go(version)  # its run held what it used; what was made ahead for it may now go
         if on_probe:
             with lock:
@@ -317,6 +327,10 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
 
     width = fleet.slots if parallel else 1
     engines = fleet.live_engines() if fleet is not None else [engine]
+
+    # each probe started as soon as a slot is free (lab.drivers.bisect_eager), except on an engine
+    # that gathers the probes started together into one job (Slurm: one array per round)
+    eager = request.eager and parallel and not any(getattr(e, "gathers", False) for e in engines)
 
     def probe_many(versions: list[str]) -> list[Probe]:
         return run_all(versions, probe, workers=width, on_interrupt=lambda: remove_containers(engines))
@@ -379,7 +393,8 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     try:
         with cache_policy.deferred():
             searched = bisect(found, probe, width=width, probe_many=probe_many,
-                              prepare=ahead_of if ahead is not None else None)
+                              prepare=ahead_of if ahead is not None else None, eager=eager,
+                              on_interrupt=lambda: remove_containers(engines))
             if not request.probe_details and boundary_env is not None:
                 searched = _boundary_env(searched, folder, boundary_env, events, width)
     except BaseException:

@@ -17,6 +17,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
+from lab.core import cancel
 from lab.core.arch import Arch
 from lab.core.cache import entry_in_use
 from lab.core.errors import EngineError
@@ -272,6 +273,10 @@ class DockerContainers:
         """Wait for the container: (exit code, timed out, why the lab stopped it early)."""
         crashed_at: float | None = None
         while True:
+            if cancel.requested():  # an eager bisection no longer needs this probe's answer
+                events("run", "no longer needed: stopping the container")
+                _kill(container)
+                raise cancel.Cancelled()
             now = time.monotonic()
             left = timeout - (now - started)
             if left <= 0:

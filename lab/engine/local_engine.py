@@ -60,6 +60,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.core import cancel
 from lab.core.arch import Arch
 from lab.core.errors import EngineError, LabError, NoGpuRuntimeError
 from lab.core.records import (
@@ -630,6 +631,10 @@ class LocalEngine:
     def _wait(self, proc: subprocess.Popen, timeout: float, started: float, events: Events) -> tuple[int | None, bool]:
         last = started
         while True:
+            if cancel.requested():  # an eager bisection no longer needs this probe's answer
+                events("run", "no longer needed: stopping the run")
+                _kill(proc)
+                raise cancel.Cancelled()
             left = timeout - (time.monotonic() - started)
             if left <= 0:
                 events("run", f"timeout after {timeout:.0f} s: stopping the run")

@@ -278,6 +278,9 @@ class SlurmEngine(LocalEngine):
     on its node; the Docker-only calls are the local engine's stand-ins."""
 
     kind = SLURM
+    # cases handed over together go into one job array: a bisection keeps its k-ary rounds here
+    # (lab.drivers.bisect_run), one array per round, instead of starting each probe on its own
+    gathers = True
 
     def __init__(self, partition: str, options: LocalOptions | None = None, *,
                  cpus_per_task: int | None = None, cache: str | None = None, python: str | None = None,
