@@ -5,7 +5,8 @@ two emulated probes at once on a machine whose cores an emulated script leaves i
   base and the site tree uv installs on the host; on the local engine: its venv), for the releases
   lab.drivers.bisect says the next round may ask for. A new hint replaces what was not started yet;
   what was started finishes (the probe that needs it waits on the cache entry's lock, never makes
-  it twice). A preparation that fails is only a note: the probe makes it again and says why. It
+  it twice). It runs at nice 10, so the running probes keep the cores. A preparation that fails
+  is only a note: the probe makes it again and says why. It
   starts nothing while the cache is over three quarters of its cap at its last count, so what it
   makes ahead never pushes the cache over its cap.
 - `emulated_width` is how many probes run at once when every engine that fits runs the arch
@@ -16,6 +17,7 @@ two emulated probes at once on a machine whose cores an emulated script leaves i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -27,6 +29,7 @@ from lab.engine.engines import MEMORY_PER_SLOT
 from lab.engine.routing import Fleet, NoEngineError
 
 PREFETCH_SHARE = 0.75   # of the cap, at the last count: above it nothing is made ahead
+PREFETCH_NICE = 10      # the nice value of what is made ahead, below the running probes'
 DISK_PER_PROBE = 8 * 1024**3   # free disk per emulated probe at once: AArch64 torch from 2.11 is a 7 GB tree
 
 
@@ -78,6 +81,12 @@ class Prefetcher:
             self._thread.join()
 
     def _work(self) -> None:
+        # What is made ahead is a bet; the probes running now are what the bisection waits for. This
+        # thread, and the uv installs, unpacking and bootstraps it starts (a child keeps the nice value
+        # of the thread that forked it, on Linux), yields the cores to them.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                           max(PREFETCH_NICE, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
         while True:
             with self._cond:
                 while not self.pending and not self._closed:

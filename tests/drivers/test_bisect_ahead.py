@@ -87,6 +87,27 @@ def test_prefetcher_makes_in_order_drops_what_a_new_hint_replaces_and_never_twic
     assert not any("Traceback" in e for e in events)
 
 
+def test_what_is_made_ahead_runs_below_the_running_probes_and_so_do_its_children():
+    """The prefetch thread is niced (10), and a process it starts (uv, tar, mmdebstrap) inherits it."""
+    import os
+    import subprocess
+    seen: dict[str, int] = {}
+    made = threading.Event()
+
+    def make(v: str) -> None:
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["child"] = int(subprocess.run(["sh", "-c", "cut -d' ' -f19 /proc/self/stat"], capture_output=True,
+                                           text=True, check=True).stdout)
+        made.set()
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    ahead = Prefetcher(make, room=lambda: True)
+    ahead.ask(["a"])
+    assert made.wait(30)
+    ahead.close()
+    assert seen["thread"] >= 10 and seen["child"] >= 10
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's thread keeps its own
+
+
 def test_prefetcher_makes_nothing_when_the_cache_is_near_its_cap():
     made: list[str] = []
     ahead = Prefetcher(made.append, room=lambda: False)
