@@ -64,7 +64,7 @@ class Where:
     new_end: int | None
     lo: int                   # the interval (lo, hi) the boundary lies in
     hi: int
-    status: str | None        # set when no more probes are needed (running ones are still waited for)
+    status: str | None        # set when no more probes are needed (running ones are then stopped)
     old_verdict: str | None = None
     new_verdict: str | None = None
     first_new: int | None = None
