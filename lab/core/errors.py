@@ -15,6 +15,10 @@ class LabError(Exception):
         return f"{self.message} {self.hint}" if self.hint else self.message
 
 
+class BisectError(LabError):
+    """The releases given cannot be bisected (fewer than two, repeated, or a probe broke the contract)."""
+
+
 class ScenarioError(LabError):
     """A scenario file is missing, malformed or invalid. Names file, line and field."""
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lab.core.errors import LabError
+from lab.core.errors import BisectError
 from lab.core.results import (
     AMBIGUOUS,
     FOUND,
@@ -50,10 +50,6 @@ from lab.drivers.bisect_eager import run_eager
 
 __all__ = ["AMBIGUOUS", "FOUND", "NO_CHANGE", "NO_RUNNABLE_PAIR", "NOT_REPRODUCED", "OUTCOMES", "REPRODUCED",
            "SKIP", "BisectError", "BisectResult", "Probe", "bisect", "cost_bound", "outcome_of"]
-
-
-class BisectError(LabError):
-    """The releases given cannot be bisected (fewer than two, repeated, or a probe broke the contract)."""
 
 
 def cost_bound(k: int) -> int:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lab.core import cancel
+from lab.core.errors import BisectError
 from lab.core.results import (
     AMBIGUOUS,
     FOUND,
@@ -183,7 +184,6 @@ class EagerSearch:
             self.running.update(indices)
 
     def answer(self, i: int, probe: Probe) -> None:
-        from lab.drivers.bisect import BisectError
         if not isinstance(probe, Probe):
             raise BisectError(f"the probe for {self.versions[i]} returned {type(probe).__name__}, not a Probe.")
         if probe.version != self.versions[i]:
