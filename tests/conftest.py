@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,37 +29,59 @@ def _no_cache_eviction(monkeypatch):
 
 
 SWEEP_LOCK = Path(tempfile.gettempdir()) / f"torch-repro-lab-tests-{os.getuid()}.lock"
+# Below this much free disk where the lab's cache lies, a test of PyPI's x86-64 CUDA build removes what
+# it made (frees_its_cuda_build); above it, the build stays for the next such test (one build: 4-7 GB
+# of site tree, its wheels in uv's cache) and bin/test's sweep removes it when the suite ends.
+SWEEP_BELOW_GIB = 30
+_SWEEPS = pytest.StashKey[bool]()
+
+
+def disk_is_tight(below_gib: float = SWEEP_BELOW_GIB) -> bool:
+    """Whether the disk of the lab's cache folder has less than `below_gib` free."""
+    from lab.core.config import current
+    folder = current().cache_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free < below_gib * 2**30
 
 
 @pytest.fixture(autouse=True)
 def _sweeps_run_alone(request):
-    """bin/test runs the local engine's real runs beside the Docker runs (two pytest processes). A test
-    that sweeps away what was made while it ran (`frees_its_cuda_build`: the lab's new images, site
-    trees and venvs, uv's cache) would take the other process's too: it holds this lock exclusively,
-    and every other real run holds it shared, so such a test starts when the other process's current
-    test ends and runs alone. Tests that run nothing real take no lock."""
+    """bin/test runs real tests in two processes side by side (two lanes of Docker runs, the local
+    engine's runs beside the first). A test that sweeps away what was made while it ran
+    (`frees_its_cuda_build`: the lab's new images, site trees and venvs, uv's cache)
+    would take the other process's too, and a test marked `alone` looks at what is on the engine as a
+    whole (every container, every sleeper): either holds this lock exclusively, and every other real
+    run holds it shared, so it starts when the other process's current test ends and runs alone.
+    Tests that run nothing real take no lock."""
     if not any(mark in request.node.keywords for mark in ("docker", "local", "slurm")):
         yield
         return
     from tests.cpu_torch import TORCH
+    # a test that asks for the fixture itself makes several builds (a bisection): it always sweeps
     sweeps = "frees_its_cuda_build" in request.fixturenames or (
-        "cpu_torch" in request.fixturenames and TORCH.cuda_build)
+        "cpu_torch" in request.fixturenames and TORCH.cuda_build and disk_is_tight())
+    request.node.stash[_SWEEPS] = sweeps
+    alone = sweeps or request.node.get_closest_marker("alone") is not None
     with SWEEP_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if sweeps else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield
 
 
 @pytest.fixture
-def frees_its_cuda_build():
+def frees_its_cuda_build(request):
     """For a test whose torch is an x86-64 build from PyPI (a CUDA build: 3 to 6 GB unpacked, then again
     as an image): afterwards, what it made goes, so that the suite's peak disk is about one such build
     rather than the sum of them (CI's disk is shared with other machines, and a full disk failed a run).
+    A test that asks for it by name (one that makes several builds) always sweeps; through `cpu_torch`
+    (one build, the same 2.13.0 in every such test) only on a tight disk (under SWEEP_BELOW_GIB free
+    when the test started): on a roomy one the build stays for the next test that needs it, and
+    bin/test's sweep removes it when the suite ends.
 
     Removed: the lab's images made during the test (not the Debian bases), the site trees and venvs
     made during the test, uv's cached CUDA libraries (nvidia-*, triton) and torch wheels (a site tree
     made before keeps its hard links; a later install of an arm64 release downloads about 100 MB
     again), and then whatever in uv's cache no install refers to any more (`uv cache prune`)."""
-    import shutil
 
     from lab.core.config import current
 
@@ -76,6 +99,9 @@ def frees_its_cuda_build():
         except Exception:
             return None, {}
 
+    if not request.node.stash.get(_SWEEPS, False):
+        yield
+        return
     entries_before = folder_entries()
     _, images_before = managed_images()
     yield
@@ -115,7 +141,8 @@ def require_cpu_torch(torch, environ=os.environ):
 @pytest.fixture
 def cpu_torch(request):
     """The amd64 CPU torch this machine offers (tests/cpu_torch.py). Where it offers none, PyPI's
-    CUDA build is the last resort, and then `frees_its_cuda_build` removes what the test made."""
+    CUDA build is the last resort, and then `frees_its_cuda_build` removes what the test made when the
+    disk is tight."""
     from tests.cpu_torch import TORCH
     torch = require_cpu_torch(TORCH)
     if torch.cuda_build:

@@ -15,7 +15,8 @@ from tests.browser import open_page
 from tests.conftest import last_json, run_lab
 from tests.report.test_html_browser import clean, keep, visible
 
-pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.timeout(3600),
+              pytest.mark.beside]  # bin/test's second lane of Docker runs
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,8 @@ def runs(tmp_path_factory) -> Path:
 def test_bisect_finds_the_fix_and_resumes_from_its_folders(runs):
     args = ["bisect", "vmap-inside-compile", "--from", "2.3.1", "--to", "2.4.1", "--arch", "arm64",
             "--out", str(runs), "--json", "--keep-images", "--jobs", "1",  # serial (tests/engines runs it in parallel)
-            "--no-blame"]  # the blame step has its own e2e test (test_e2e_blame)
+            "--no-blame",  # the blame step has its own e2e test (test_e2e_blame),
+            "--no-localize"]  # and the localization at the boundary test_e2e_compare's
     proc = run_lab(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)

@@ -19,7 +19,8 @@ import pytest
 
 from tests.conftest import last_json, run_lab
 
-pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.timeout(3600),
+              pytest.mark.beside]  # bin/test's second lane of Docker runs
 
 # torch's other dependencies pinned to their versions in 2.2.2's era (as of 2024-04-03), so that
 # today's set and the era's differ in three packages (filelock, fsspec, numpy) rather than eight:

@@ -45,6 +45,7 @@ def test_unreachable_daemon_gives_one_paragraph_and_doctors_advice(tmp_path):
     assert proc.stderr.count("error:") == 1
 
 
+@pytest.mark.alone
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
 @pytest.mark.usefixtures("cpu_torch")
@@ -105,6 +106,7 @@ class _Reader(threading.Thread):
             self.text += line
 
 
+@pytest.mark.alone
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
 @pytest.mark.usefixtures("cpu_torch")

@@ -751,6 +751,8 @@ class LocalizeResult(Document):
     ablation_dir: str | None
     bisector: BisectorResult
     conclusion: str
+    key: str | None = None     # the content key of the case localized (lab.image.casekey): a bisection
+                               # run again over its folder takes this localization when it is the same
 
 
 

@@ -33,7 +33,7 @@ from lab.cache_policy import inventory as cache_policy
 from lab.cache_policy.room import CacheSpaceError
 from lab.compare.diff import compare_runs
 from lab.core import cancel
-from lab.core.errors import EngineError, LabError, ScenarioError
+from lab.core.errors import EngineError, LabError, ResultError, ScenarioError
 from lab.core.records import Events, no_events
 from lab.core.results import (
     AMBIGUOUS,
@@ -43,10 +43,12 @@ from lab.core.results import (
     BlameStep,
     FailureSignature,
     FailureSignatures,
+    LocalizeResult,
     Record,
     RunResult,
     SourceBoundary,
     outcome_of,
+    read_document,
     read_result,
 )
 from lab.drivers.bisect import BisectResult, Probe, bisect
@@ -438,8 +440,13 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         def examine(on: Engine, emulated: bool | None = None):
             return localize_case(case, on, host, runs_root, where, events, run_case=run_case)
         try:
-            found_out = examine(engine) if fleet is None else on_engine(
-                fleet, arch, scenario.gpu, f"the localization of torch {bad}", examine, events)
+            found_out = earlier_localization(where, case)
+            if found_out is not None:  # the same bisection run again (a resume): its answer stands
+                events("bisect", f"localization of torch {bad}: {found_out.conclusion} (from an earlier run of "
+                                 "this bisection, the same content key)")
+            else:
+                found_out = examine(engine) if fleet is None else on_engine(
+                    fleet, arch, scenario.gpu, f"the localization of torch {bad}", examine, events)
             result = result.model_copy(update={"localization": f"torch {bad}: {found_out.conclusion}",
                                                "localize_dir": str(where)})
         except LabError as exc:  # the bisection stands; say why it was not localized
@@ -556,6 +563,19 @@ def at_the_boundary(result: BisectResult) -> BisectResult:
         except LabError as exc:
             lines = (f"the boundary pair could not be compared: {exc}",)
     return result.model_copy(update={"source": source, "compare": lines})
+
+
+def earlier_localization(where: Path, case) -> LocalizeResult | None:
+    """The localization in `where` (a bisection's localize/ folder) when an earlier run of the bisection
+    made it from this very case (same torch, same content key: the script, the scenario, the
+    dependencies); else None, and the localization runs."""
+    try:
+        earlier = read_document(where / "localize.json", LocalizeResult)
+    except (OSError, ResultError):
+        return None
+    if earlier.torch != case.torch or earlier.key != content_key(case).digest:
+        return None
+    return earlier
 
 
 def _bad_release(result: BisectResult) -> str | None:

@@ -31,6 +31,7 @@ from lab.core.records import Events, no_events
 from lab.core.results import BisectorResult, LocalizeResult
 from lab.drivers.ablate import run_ablation
 from lab.image import era
+from lab.image.casekey import content_key
 from lab.image.resolve import Case
 from lab.pipeline import RunCase, _command, plan_for, read_torch_file, run_limits
 from lab.report.writer import render
@@ -153,6 +154,7 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
     if getattr(type(engine), "localize_elsewhere", None) is not None:  # (lab.engine.slurm.SlurmEngine)
         return engine.localize_elsewhere(case, host, runs_root, folder, events)
     folder.mkdir(parents=True, exist_ok=True)
+    key = content_key(case).digest
     case = replace(case, backend=None, mode=None)
     if case.scenario.ablation.via == "none":
         layer, ablation, ablation_dir = None, "not ablated: the scenario fixes its backend (ablation: via none)", None
@@ -174,7 +176,8 @@ def localize(case: Case, engine, host, runs_root: Path, folder: Path, events: Ev
         bisector = run_bisector(case, engine, image.ref, folder, events, reader(BISECTOR_MODULE))
     conclusion = "; ".join(filter(None, [f"layer: {layer}" if layer else ablation, bisector.words]))
     result = LocalizeResult(scenario=case.scenario.name, torch=case.torch, arch=case.arch.value, layer=layer,
-                            ablation=ablation, ablation_dir=ablation_dir, bisector=bisector, conclusion=conclusion)
+                            ablation=ablation, ablation_dir=ablation_dir, bisector=bisector, conclusion=conclusion,
+                            key=key)
     result.write(folder / "localize.json")
     (folder / "localize.md").write_text(localize_markdown(result, folder), encoding="utf-8")
     return result

@@ -116,3 +116,32 @@ def test_a_schedulers_engine_runs_the_whole_localization_as_one_job(tmp_path):
     case = resolve(load_scenario("compile-py311"), torch="2.0.1", arch="amd64")
     assert localize(case, Scheduler(), None, tmp_path, tmp_path / "localize") == "the node's LocalizeResult"
     assert handed == [("2.0.1", tmp_path, tmp_path / "localize")] and not (tmp_path / "localize").exists()
+
+
+def test_a_bisection_run_again_takes_its_localization_only_from_the_same_case(tmp_path):
+    """A resumed bisection (its probes all from earlier runs) takes the boundary's localization from its
+    localize.json when that was made from the same case (torch and content key); after an edit of the
+    script, for another release, or from a damaged file, the localization runs again."""
+    from lab.core.results import BisectorResult, LocalizeResult
+    from lab.drivers.bisect_run import earlier_localization
+    from lab.image.casekey import content_key
+    from tests.conftest import tiny_scenario
+
+    scenario = tiny_scenario(tmp_path, "name: tiny\ntorch: ['2.3.1', '2.4.0']\narch: arm64\nbase: debian:bookworm\n"
+                                       "expect:\n  exit_code: 0\n")
+    case = resolve(scenario, torch="2.3.1", arch="arm64")
+    where = tmp_path / "localize"
+    assert earlier_localization(where, case) is None  # none yet
+    where.mkdir()
+    made = LocalizeResult(scenario="tiny", torch="2.3.1", arch="arm64", layer="dynamo", ablation="fails with eager",
+                          ablation_dir=None, bisector=BisectorResult(available=False, ran=False, words="not run"),
+                          conclusion="layer: dynamo", key=content_key(case).digest)
+    made.write(where / "localize.json")
+    assert earlier_localization(where, case) == made
+    assert earlier_localization(where, resolve(scenario, torch="2.4.0", arch="arm64")) is None
+    (tmp_path / "s.py").write_text("print('edited')\n")
+    assert earlier_localization(where, resolve(scenario, torch="2.3.1", arch="arm64")) is None
+    made.model_copy(update={"key": None}).write(where / "localize.json")  # an older lab's: no key
+    assert earlier_localization(where, case) is None
+    (where / "localize.json").write_text("{not json")
+    assert earlier_localization(where, case) is None

@@ -22,11 +22,13 @@ import pytest
 from tests.conftest import DATA, LAB, ROOT, last_json, run_lab
 from tests.cpu_torch import TORCH
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600),
+              pytest.mark.beside]  # bin/test's second lane of Docker runs
 
 NOWHERE = "unix:///run/lab-test-nothing-here.sock"
 BISECT = ["bisect", "vmap-inside-compile", "--from", "2.3.1", "--to", "2.4.1", "--arch", "arm64", "--json",
-          "--keep-images", "--no-blame"]  # the blame step has its own e2e test (test_e2e_blame)
+          "--keep-images", "--no-blame",  # the blame step has its own e2e test (test_e2e_blame),
+          "--no-localize"]  # and the localization at the boundary test_e2e_bisect's
 
 
 def lab(engines, *args, timeout=3000):
