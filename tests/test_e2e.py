@@ -211,7 +211,6 @@ def test_a_local_engine_mounts_the_torch_tree_read_only_and_the_image_holds_no_c
             client.images.remove(tag)
 
 
-@pytest.mark.alone
 @pytest.mark.usefixtures("cpu_torch")
 def test_a_hanging_script_times_out_and_leaves_no_container(runs):
     result, _ = lab_run(str(DATA / "e2e" / "sleeper.yaml"), *TORCH.args, out=runs)
@@ -249,7 +248,6 @@ def test_gpu_scenario_on_an_engine_without_gpus_stops_before_the_build_with_the_
         assert "building" not in proc.stderr.lower() and "bootstrap" not in proc.stderr.lower()
 
 
-@pytest.mark.alone
 @pytest.mark.usefixtures("cpu_torch")
 def test_ctrl_c_during_a_run_removes_the_container_and_marks_the_folder(tmp_path):
     client = docker.from_env()

@@ -108,8 +108,10 @@ def test_ctrl_c_during_a_parallel_matrix_leaves_no_container_on_either_engine(en
     folder = tmp_path / "scenario"
     folder.mkdir()
     shutil.copy(DATA / "e2e" / "sleeper.py", folder)
-    scenario = folder / "sleeper.yaml"
-    scenario.write_text((DATA / "e2e" / "sleeper.yaml").read_text().replace("timeout: 15", "timeout: 900"))
+    # named apart from the sleeper, whose containers tests/test_e2e.py looks for while this lane runs beside it
+    scenario = folder / "two-engine-nap.yaml"
+    scenario.write_text((DATA / "e2e" / "sleeper.yaml").read_text().replace("timeout: 15", "timeout: 900")
+                        .replace("name: sleeper\n", "name: two-engine-nap\n", 1))
     for name in ("first", "second"):  # built beforehand, so the two runs start together
         built = lab(engines, "build", str(scenario), *TORCH.args, "--engine", name)
         assert built.returncode == 0, built.stderr[-3000:]
