@@ -24,7 +24,8 @@ import pytest
 from tests.conftest import DATA, last_json, run_lab
 from tests.cpu_torch import TORCH
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(5400)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(5400),
+              pytest.mark.beside]  # bin/test's second lane of Docker runs
 
 NEWAPI = str(DATA / "e2e" / "vmap-newapi.yaml")
 RELU = str(DATA / "e2e" / "relu-inject.yaml")
