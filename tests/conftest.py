@@ -37,12 +37,11 @@ _SWEEPS = pytest.StashKey[bool]()
 
 
 def disk_is_tight(below_gib: float = SWEEP_BELOW_GIB) -> bool:
-    """Whether the disk of the lab's cache folder has less than `below_gib` free."""
+    """Whether the disk of the lab's cache folder has less than `below_gib` free (as the cache cap
+    counts it: lab.cache_policy.inventory)."""
+    from lab.cache_policy import inventory
     from lab.core.config import current
-    folder = current().cache_dir
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return shutil.disk_usage(folder).free < below_gib * 2**30
+    return inventory._free(current().cache_dir) < below_gib * 2**30
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +81,9 @@ def frees_its_cuda_build(request):
     made during the test, uv's cached CUDA libraries (nvidia-*, triton) and torch wheels (a site tree
     made before keeps its hard links; a later install of an arm64 release downloads about 100 MB
     again), and then whatever in uv's cache no install refers to any more (`uv cache prune`)."""
-
+    if not request.node.stash.get(_SWEEPS, False):
+        yield
+        return
     from lab.core.config import current
 
     cache = current().cache_dir
@@ -99,9 +100,6 @@ def frees_its_cuda_build(request):
         except Exception:
             return None, {}
 
-    if not request.node.stash.get(_SWEEPS, False):
-        yield
-        return
     entries_before = folder_entries()
     _, images_before = managed_images()
     yield
