@@ -156,6 +156,7 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
         if (where := engine.describe(image, limits, system)) is not None:
             record["local"] = where
         _note_use(image)
+        cache_policy.settle_lease()  # what the script runs on is named: the lease covers only that now
         report.write_scenario(run_dir, case, image.recorded_base)
         _save_freeze(engine, image.ref, run_dir)
         torch_build = read_torch_build(engine, image.ref, case)

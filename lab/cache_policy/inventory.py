@@ -3,14 +3,18 @@
 What counts as "in use" (never removed, not even by `lab cache prune --all`):
 
 - an image that any container (of any origin, running or stopped) was made from;
-- anything used since the start of a lab run still in progress. Each run (one bisect probe is one
-  run) holds a lease, `<cache_dir>/leases/<pid>-<start ns>.lease` (its mtime is the start), for as
-  long as it runs, and marks what it uses when it uses it: the site tree (or venv) and the unpacked
-  wheels in uv's cache it came from get their mtime touched (`note_use`, `note_wheels_used`), an
-  image a stamp `<cache_dir>/stamps/<image id>`. A lease whose process is gone is ignored and
-  deleted. A bisection holds no lease of its own: a finished probe's tree, image and wheels are
-  free to go before the next probe starts (a lease over the whole bisection kept every probe's
-  5-7 GB "in use" until it ended: 55 GiB against a cap of 18.8 GiB);
+- what a lab run still in progress uses. Each run (one bisect probe is one run) holds a lease,
+  `<cache_dir>/leases/<pid>-<start ns>.lease` (its mtime is the start), for as long as it runs, and
+  marks what it uses when it uses it: the site tree (or venv) and the unpacked wheels in uv's cache
+  it came from get their mtime touched (`note_use`, `note_wheels_used`), an image a stamp
+  `<cache_dir>/stamps/<image id>`, and each is named in the lease file (one JSON line each). While the
+  run is still making what it needs (its base, tree, image), its lease also covers anything used
+  since it began, since what is being made is not named yet; once it has named everything its script
+  runs on (`settle_lease`), it covers only what it names. So a long emulated script of one process no
+  longer keeps every tree that another process's bisection used meanwhile. A lease whose process is
+  gone is ignored and deleted. A bisection holds no lease of its own: a finished probe's tree, image
+  and wheels are free to go before the next probe starts (a lease over the whole bisection kept every
+  probe's 5-7 GB "in use" until it ended: 55 GiB against a cap of 18.8 GiB);
 - what a process holds by name until it uses it or lets go (`hold`: a tree prepared for the next
   round), `<cache_dir>/leases/<pid>-<start ns>.hold`, a JSON list of paths and image ids;
 - what the user pinned (`lab cache pin`), `<cache_dir>/pins.json`;
@@ -37,6 +41,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,23 +126,46 @@ def _own_dir(name: str) -> Path:
     return path
 
 
+# The lease of the run in progress in this thread (a bisection's probes run in threads of one process,
+# each with a lease of its own): what `note_use` names goes into it.
+_CURRENT_LEASE: ContextVar[Path | None] = ContextVar("lab_current_lease", default=None)
+SETTLED = {"settled": True}    # the lease's line that ends its "anything used since it began" cover
+
+
 @contextlib.contextmanager
 def lease() -> Iterator[None]:
-    """Hold a lease while a run or a bisection goes on: what it uses is not evicted meanwhile."""
+    """Hold a lease while a run goes on: what it uses is not evicted meanwhile (see the module's text)."""
     path = None
     with contextlib.suppress(OSError):
         path = _own_dir(LEASES) / f"{os.getpid()}-{time.time_ns()}.lease"
         path.write_text(f"{os.getpid()}\n")
+    token = _CURRENT_LEASE.set(path)
     try:
         yield
     finally:
+        _CURRENT_LEASE.reset(token)
         if path is not None:
             with contextlib.suppress(OSError):
                 path.unlink()
 
 
+def _name_in_lease(line: dict) -> None:
+    """One JSON line into this thread's lease, if it holds one (appended whole: one write)."""
+    path = _CURRENT_LEASE.get()
+    if path is not None:
+        with contextlib.suppress(OSError), open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def settle_lease() -> None:
+    """This thread's run has named everything its script runs on (its tree or venv, its image and base):
+    from now on its lease covers only those, not anything used since it began."""
+    _name_in_lease(SETTLED)
+
+
 def note_use(paths: tuple[Path, ...] = (), image_ids: tuple[str, ...] = ()) -> None:
-    """Mark cache folders and images as used now (for least-recently-used eviction and leases)."""
+    """Mark cache folders and images as used now (for least-recently-used eviction), and name them in
+    this thread's lease."""
     for p in paths:
         with contextlib.suppress(OSError):
             os.utime(p)
@@ -146,6 +174,14 @@ def note_use(paths: tuple[Path, ...] = (), image_ids: tuple[str, ...] = ()) -> N
             stamp = _own_dir(STAMPS) / _stamp_name(image_id)
             stamp.touch()
             os.utime(stamp)
+    if paths or image_ids:
+        _name_in_lease({"paths": [_resolved(p) for p in paths], "images": [_stamp_name(i) for i in image_ids]})
+
+
+def _resolved(p: Path) -> str:
+    with contextlib.suppress(OSError):
+        return str(Path(p).resolve())
+    return str(p)
 
 
 def _stamp_name(image_id: str) -> str:
@@ -164,8 +200,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def live_leases(root: Path) -> list[tuple[int, float]]:
-    """(pid, start) of every lease whose process still runs; stale ones are deleted."""
+@dataclass(frozen=True)
+class Lease:
+    """A live run's lease: its process, its start, what it named, and whether it has named everything
+    its script runs on (then it covers only that; before, anything used since `start` too)."""
+    pid: int
+    start: float
+    paths: frozenset[str] = frozenset()
+    images: frozenset[str] = frozenset()
+    settled: bool = False
+
+
+def _read_lease(path: Path, pid: int, start: float) -> Lease:
+    paths: set[str] = set()
+    images: set[str] = set()
+    settled = False
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines()[1:]:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue  # a line being written: the rest still counts
+            if not isinstance(item, dict):
+                continue
+            settled = settled or item == SETTLED
+            paths.update(str(p) for p in item.get("paths", ()) if isinstance(p, str))
+            images.update(str(i) for i in item.get("images", ()) if isinstance(i, str))
+    return Lease(pid, start, frozenset(paths), frozenset(images), settled)
+
+
+def live_leases(root: Path) -> list[Lease]:
+    """Every lease whose process still runs; stale ones are deleted."""
     found = []
     folder = root / LEASES
     for path in sorted(folder.glob("*.lease")) if folder.is_dir() else ():
@@ -175,7 +240,7 @@ def live_leases(root: Path) -> list[tuple[int, float]]:
         except (ValueError, OSError):
             continue
         if _alive(pid):
-            found.append((pid, start))
+            found.append(_read_lease(path, pid, start))
         else:
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -428,7 +493,7 @@ def _wheel_name(archive: Path) -> str:
 def note_wheels_used(prefix: Path, uv_cache: Path | None = None) -> int:
     """Mark as used now the unpacked wheels in uv's cache that the site tree or venv at `prefix` was
     installed from (their `METADATA` is the same file, hard-linked; where uv copied instead, the
-    wheel of the same name and version). The number marked."""
+    wheel of the same name and version), and name them in this thread's lease. The number marked."""
     uv_cache = _root() / "uv" if uv_cache is None else uv_cache
     installed: dict[str, tuple[int, int] | None] = {}
     for info in prefix.glob("lib/python*/site-packages/*.dist-info"):
@@ -453,6 +518,8 @@ def note_wheels_used(prefix: Path, uv_cache: Path | None = None) -> int:
     for archive in chosen:
         with contextlib.suppress(OSError):
             os.utime(archive)
+    if chosen:
+        _name_in_lease({"paths": [_resolved(a) for a in chosen]})
     return len(chosen)
 
 
@@ -500,14 +567,17 @@ def take_inventory(engine=None, now: float | None = None,
     else:
         notes.append("images left out: no Docker engine")
     leases = live_leases(root)
-    if leases:
-        since = min(start for _, start in leases) - _SLACK_S
-        pids = ", ".join(str(pid) for pid in sorted({pid for pid, _ in leases}))
+    making = [le for le in leases if not le.settled]  # still making what it runs on: covers by time too
+    if making:
+        since = min(le.start for le in making) - _SLACK_S
+        pids = ", ".join(str(pid) for pid in sorted({le.pid for le in making}))
         entries = [e if e.in_use or e.last_used < since else
                    Entry(e.part, e.name, e.size, e.last_used, f"used by a lab run in progress (pid {pids})", e.ref,
                          e.label)
                    for e in entries]
     holds, pinned = live_holds(root), pins(root)
+    holds = [*((le.pid, "used by a lab run in progress", set(le.paths), set(le.images)) for le in leases
+               if le.paths or le.images), *holds]
     mounted = _mounted(engine, notes)
     if mounted:
         holds = [*holds, *((0, f"mounted by container {name}", {path}, set()) for path, name in mounted.items())]

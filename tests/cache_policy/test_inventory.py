@@ -112,6 +112,71 @@ def test_a_live_lease_protects_what_was_used_since_it_began(cache, monkeypatch):
     assert f"pid {os.getpid()}" in kept.in_use
 
 
+def test_a_settled_lease_covers_only_what_its_run_named(cache, monkeypatch):
+    """A run that has named what its script runs on (`settle_lease`) no longer protects whatever
+    another process used while it runs: a long emulated script kept every tree of a bisection beside
+    it "in use" (issue 34). Before it settles (its base, tree and image still being made) it does."""
+    now = time.time()
+    mine = site(cache, "mine", 100, now - 30 * DAY)
+    other = site(cache, "other", 100, now - 30 * DAY)  # used by another run since this one began
+    monkeypatch.setenv("LAB_CACHE_CAP", "0")
+    with inv.lease():
+        inv.note_use(paths=(mine,))
+        time.sleep(0.01)
+        os.utime(other)  # used now: the time rule would cover it
+        making = {e.name: e.in_use for e in inv.take_inventory(None).entries if e.part == "site"}
+        assert making["other"] and making["mine"], making
+        inv.settle_lease()
+        [held] = inv.live_leases(cache)
+        assert held.settled and str(mine.resolve()) in held.paths
+        pruned = inv.prune(None, now=now)
+        assert [e.name for e in pruned.removed] == ["other"] and not other.exists()
+        assert mine.exists()
+        kept = next(e for e in pruned.before.entries if e.name == "mine")
+        assert f"pid {os.getpid()}" in kept.in_use and "in progress" in kept.in_use
+    assert inv.live_leases(cache) == []
+
+
+def test_each_thread_names_what_it_uses_in_its_own_lease(cache):
+    """A bisection's probes run in threads of one process, each with its own lease: one probe's
+    tree is released when that probe ends, while the other probe's lease goes on."""
+    import threading
+    trees = {n: site(cache, n, 10, time.time() - DAY) for n in ("a", "b")}
+    a_named, b_done = threading.Event(), threading.Event()
+
+    def probe(name: str, first: threading.Event | None, then: threading.Event | None) -> None:
+        with inv.lease():
+            inv.note_use(paths=(trees[name],))
+            inv.settle_lease()
+            if first is not None:
+                first.set()
+            if then is not None:
+                then.wait(10)
+
+    a = threading.Thread(target=probe, args=("a", a_named, b_done))
+    a.start()
+    assert a_named.wait(10)
+    probe("b", None, None)  # runs and ends while a's lease goes on
+    try:
+        [left] = inv.live_leases(cache)
+        assert left.paths == frozenset({str(trees["a"].resolve())})
+        in_use = {e.name: e.in_use for e in inv.take_inventory(None).entries if e.part == "site"}
+        assert in_use["a"] and not in_use["b"], in_use
+    finally:
+        b_done.set()
+        a.join(10)
+    assert inv.live_leases(cache) == []
+
+
+def test_a_lease_line_cut_short_still_reads(cache):
+    """A line being appended while another process reads: the lines before it still count."""
+    (cache / "leases").mkdir()
+    path = cache / "leases" / f"{os.getpid()}-1.lease"
+    path.write_text(f'{os.getpid()}\n{{"paths": ["/x/site/k"], "images": []}}\n{{"settled": tr')
+    [held] = inv.live_leases(cache)
+    assert held.paths == frozenset({"/x/site/k"}) and not held.settled
+
+
 def test_a_dead_process_lease_is_ignored_and_removed(cache):
     stale = cache / "leases" / "999999999-1.lease"
     stale.parent.mkdir()
