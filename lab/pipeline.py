@@ -327,23 +327,31 @@ def collect_env_for(case: Case, engine: Engine, host: HostPip, run_dir: Path, ev
     boundary, issue 34), written into its folder's collect_env.txt. The case's image (or local venv) is
     made again from what the run left in the cache (its site tree, uv's wheels), then removed again unless
     `keep_image` or it was there before; the run folder's other files stay as they are."""
-    case, _ = era.apply(case, host, events)
     with cache_policy.lease():
-        ready = engine.begin(case, events)
-        try:
-            plan = plan_for(case, engine, host, events)
-        except Exception:
-            with contextlib.suppress(Exception):
-                ready()
-            raise
-        with tempfile.TemporaryDirectory(prefix="lab-collect-env-") as scratch:
-            write_context_folder(Path(scratch), plan)  # what a run folder holds before its build
-            image = engine.prepare(case, plan, host, Path(scratch), events, ready=ready)
-            text = _collect_env(engine, image, case, events)
-            if not keep_image and not image.cached and image.local is None:
-                engine.discard(image.tag)
+        image, plan = make_ready(case, engine, host, events)
+        case = plan.case
+        text = _collect_env(engine, image, case, events)
+        if not keep_image and not image.cached and image.local is None:
+            engine.discard(image.tag)
     (run_dir / "collect_env.txt").write_text(text)
     return text
+
+
+def make_ready(case: Case, engine: Engine, host: HostPip, events: Events = no_events) -> tuple[BuiltImage, BuildPlan]:
+    """Everything a run of `case` needs before its script, made now: the base, the site tree or venv,
+    the case image (in a scratch context: no run folder). A later run of the same case finds them
+    cached (a bisection's next round made ready while one runs, issue 34; collect_env at a boundary)."""
+    case, _ = era.apply(case, host, events)
+    ready = engine.begin(case, events)
+    try:
+        plan = plan_for(case, engine, host, events)
+    except Exception:
+        with contextlib.suppress(Exception):
+            ready()
+        raise
+    with tempfile.TemporaryDirectory(prefix="lab-ready-") as scratch:
+        write_context_folder(Path(scratch), plan)  # what a run folder holds before its build
+        return engine.prepare(case, plan, host, Path(scratch), events, ready=ready), plan
 
 
 def _collect_env(engine: Engine, image: BuiltImage, case: Case, events: Events, background: bool = False) -> str:

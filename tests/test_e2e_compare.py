@@ -19,6 +19,7 @@ import json
 import re
 from pathlib import Path
 
+import docker
 import pytest
 
 from tests.conftest import DATA, last_json, run_lab
@@ -75,6 +76,11 @@ def test_a_different_failure_is_kept_apart_and_the_boundary_pinned(runs):
     assert "does not ship torch._inductor.compiler_bisector" in result["localization"]
     assert "## Localization" in md
     made = (folder / "localize" / "localize.json").stat().st_mtime_ns
+    # the probes' case images are gone, those the next rounds had built ahead included; only the
+    # localized release's image may stay (a localization keeps its image, as `lab run` does)
+    left = {i.labels.get("org.torch-repro-lab.torch") for i in docker.from_env(timeout=60).images.list(
+        filters={"label": ["org.torch-repro-lab.managed=true", "org.torch-repro-lab.scenario=vmap-newapi"]})}
+    assert left <= {"2.3.1"}, left
 
     # lab compare on the bisect folder: its boundary pair
     cmp = run_lab("compare", str(folder), "--json")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -67,7 +66,8 @@ from lab.image.casekey import content_key
 from lab.image.crossinstall import target_for
 from lab.image.hostpip import HostPip
 from lab.image.resolve import base_python, parse_arch, resolve
-from lab.pipeline import RunCase, collect_env_for, plan_for
+from lab.pipeline import RunCase, collect_env_for
+from lab.pipeline import make_ready as make_case_ready
 from lab.pipeline import run_case as production
 from lab.scenario.model import Scenario
 
@@ -260,7 +260,10 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
                 with lock:
                     p = keeper.check(p, outcome.result, failed_differently)
             image = outcome.result.image
-            if not keep_images and image is not None and not image.cached and outcome.result.local is None:
+            with lock:
+                ahead_image = made_ahead.pop(version, None)
+            ours = image is not None and (not image.cached or (ahead_image is not None and ahead_image[1] == image.tag))
+            if not keep_images and image is not None and ours and outcome.result.local is None:
                 say("bisect", f"removing the probe's image {image.tag} (keep it with --keep-images)")
                 on.discard(image.tag)  # (Docker: the apt and venv layers serve the next probe)
             with lock:
@@ -337,28 +340,24 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
     def probe_many(versions: list[str]) -> list[Probe]:
         return run_all(versions, probe, workers=width, on_interrupt=lambda: remove_containers(engines))
 
-    held: dict[str, cache_policy.Hold] = {}  # trees made ahead, by release, until their probe has run
+    held: dict[str, cache_policy.Hold] = {}  # what was made ahead, by release, until its probe has run
+    made_ahead: dict[str, tuple[Engine, str]] = {}  # case images built ahead: removed like the probe's own
 
     def made_ready(version: str) -> None:
-        """What the probe of `version` needs before it runs (lab.drivers.bisect_ahead)."""
+        """What the probe of `version` needs before it runs (lab.drivers.bisect_ahead): on Docker the
+        base, the site tree from uv on the host and the case image; on the local engine its venv."""
         on = engine if fleet is None else fleet.engine(fleet.routes(arch, scenario.gpu)[0].engine)
         assert on is not None
         case = resolve(scenario, torch=version, arch=arch, sets=sets)
         say = _prefixed(events, f"[ahead: torch {version}] ")
-        if on.cross_installs:  # Docker: the base in a thread, the site tree from uv on the host
-            ready = on.begin(case, say)
-            try:
-                plan = plan_for(case, on, host, say)
-            finally:
-                ready()
-            if plan.site is not None and plan.site.root is not None:  # kept until its probe has run
-                with lock:
-                    if version not in held:
-                        held[version] = cache_policy.hold((plan.site.root,), (),
-                                                          f"made ahead for the probe of torch {version}")
-        else:  # the local engine: its venv, made by uv and cached by its requirements
-            with tempfile.TemporaryDirectory(prefix="lab-ahead-") as scratch:
-                on.prepare(case, plan_for(case, on, host, say), host, Path(scratch), say)
+        image, plan = make_case_ready(case, on, host, say)
+        paths = (plan.site.root,) if plan.site is not None and plan.site.root is not None else ()
+        images = (image.image_id, image.base.image_id) if image.local is None else ()
+        with lock:  # kept until its probe has run
+            if version not in held:
+                held[version] = cache_policy.hold(paths, images, f"made ahead for the probe of torch {version}")
+            if image.local is None and not image.cached:
+                made_ahead[version] = (on, image.tag)
 
     def env_at_boundary(p: Probe) -> None:
         case = resolve(scenario, torch=p.version, arch=arch, sets=sets)
@@ -380,12 +379,22 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
             ahead.ask(todo)
 
     def let_go(version: str | None = None) -> None:
-        """Release what was made ahead for `version` (its probe has run), or for every release."""
+        """Release what was made ahead for `version` (its probe has run), or for every release; at
+        the end, a case image made ahead for a release no probe ran goes too (unless --keep-images)."""
         with lock:
             for v in [version] if version is not None else list(held):
                 kept = held.pop(v, None)
                 if kept is not None:
                     kept.release()
+            unused = list(made_ahead.items()) if version is None else []
+            if version is None:
+                made_ahead.clear()
+        for v, (on, tag) in unused if not keep_images else ():
+            try:
+                on.discard(tag)
+                events("bisect", f"removed the image made ahead for torch {v}, which no probe needed: {tag}")
+            except Exception as exc:  # noqa: BLE001 - only tidying: the cap evicts it later
+                events("bisect", f"could not remove the image made ahead for torch {v} ({tag}): {exc}")
 
     ahead = Prefetcher(make_ready, events) if request.prefetch and make_ready is not None else None
     # No lease over the whole bisection (it kept every probe's tree and image "in use" to the end):
