@@ -327,20 +327,22 @@ def collect_env_for(case: Case, engine: Engine, host: HostPip, run_dir: Path, ev
     boundary, issue 34), written into its folder's collect_env.txt. The case's image (or local venv) is
     made again from what the run left in the cache (its site tree, uv's wheels), then removed again unless
     `keep_image` or it was there before; the run folder's other files stay as they are."""
-    with cache_policy.lease():
-        image, plan = make_ready(case, engine, host, events)
-        case = plan.case
-        text = _collect_env(engine, image, case, events)
+    with cache_policy.lease(), tempfile.TemporaryDirectory(prefix="lab-collect-env-") as scratch:
+        # (the local engine's run reads the case's folder: it stays until collect_env has run)
+        image, plan = make_ready(case, engine, host, Path(scratch), events)
+        text = _collect_env(engine, image, plan.case, events)
         if not keep_image and not image.cached and image.local is None:
             engine.discard(image.tag)
     (run_dir / "collect_env.txt").write_text(text)
     return text
 
 
-def make_ready(case: Case, engine: Engine, host: HostPip, events: Events = no_events) -> tuple[BuiltImage, BuildPlan]:
+def make_ready(case: Case, engine: Engine, host: HostPip, where: Path,
+               events: Events = no_events) -> tuple[BuiltImage, BuildPlan]:
     """Everything a run of `case` needs before its script, made now: the base, the site tree or venv,
-    the case image (in a scratch context: no run folder). A later run of the same case finds them
-    cached (a bisection's next round made ready while one runs, issue 34; collect_env at a boundary)."""
+    the case image, with `where` (a scratch folder, not a run folder) as its build context. A later run
+    of the same case finds them cached (a bisection's next round made ready while one runs, issue 34;
+    collect_env at a boundary). On the local engine the image runs from `where`: keep it while it runs."""
     case, _ = era.apply(case, host, events)
     ready = engine.begin(case, events)
     try:
@@ -349,9 +351,8 @@ def make_ready(case: Case, engine: Engine, host: HostPip, events: Events = no_ev
         with contextlib.suppress(Exception):
             ready()
         raise
-    with tempfile.TemporaryDirectory(prefix="lab-ready-") as scratch:
-        write_context_folder(Path(scratch), plan)  # what a run folder holds before its build
-        return engine.prepare(case, plan, host, Path(scratch), events, ready=ready), plan
+    write_context_folder(where, plan)  # what a run folder holds before its build
+    return engine.prepare(case, plan, host, where, events, ready=ready), plan
 
 
 def _collect_env(engine: Engine, image: BuiltImage, case: Case, events: Events, background: bool = False) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -350,7 +351,8 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         assert on is not None
         case = resolve(scenario, torch=version, arch=arch, sets=sets)
         say = _prefixed(events, f"[ahead: torch {version}] ")
-        image, plan = make_case_ready(case, on, host, say)
+        with tempfile.TemporaryDirectory(prefix="lab-ahead-") as scratch:
+            image, plan = make_case_ready(case, on, host, Path(scratch), say)
         paths = (plan.site.root,) if plan.site is not None and plan.site.root is not None else ()
         images = (image.image_id, image.base.image_id) if image.local is None else ()
         with lock:  # kept until its probe has run
