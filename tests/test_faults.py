@@ -26,13 +26,20 @@ from tests.conftest import DATA, ROOT, last_json, run_lab
 from tests.cpu_torch import TORCH
 
 E2E = DATA / "e2e"
-MANAGED = {"label": "org.torch-repro-lab.managed=true"}
 
-
-def _managed_ids() -> set[str]:
-    """The lab's containers on the engine now. The tests compare with what was there before them:
-    a machine may hold containers of an earlier session that these runs must leave alone."""
-    return {c.id for c in docker.from_env().containers.list(all=True, filters=MANAGED)}
+def _containers_of(scenario: str, marker: str) -> dict[str, str]:
+    """id -> name of every container, running or not, that one test's run could leave behind: its
+    case's (a container carries its image's labels, the scenario's name among them) and its build's
+    intermediate ones (their command holds `marker`, a word only this test's Dockerfile has). Scoped
+    so, the test needs no engine to itself: bin/test's other lane runs its own cases meanwhile."""
+    client = docker.from_env()
+    found = {c.id: c.name for c in client.containers.list(
+        all=True, filters={"label": f"org.torch-repro-lab.scenario={scenario}"})}
+    for c in client.containers.list(all=True):
+        cmd = (c.attrs.get("Config") or {}).get("Cmd") or []
+        if marker in " ".join(cmd if isinstance(cmd, list) else [str(cmd)]):
+            found[c.id] = c.name
+    return found
 
 
 @pytest.mark.usefixtures("cpu_torch")
@@ -45,12 +52,11 @@ def test_unreachable_daemon_gives_one_paragraph_and_doctors_advice(tmp_path):
     assert proc.stderr.count("error:") == 1
 
 
-@pytest.mark.alone
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
 @pytest.mark.usefixtures("cpu_torch")
 def test_a_failed_build_is_an_error_verdict_with_the_build_log(tmp_path):
-    before = _managed_ids()
+    before = _containers_of("buildfail", "lab-no-such-debian-package")
     proc = run_lab("run", str(E2E / "buildfail.yaml"), *TORCH.args, "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
@@ -60,7 +66,9 @@ def test_a_failed_build_is_an_error_verdict_with_the_build_log(tmp_path):
     log = (run_dir / "build.log").read_text()
     assert "lab-no-such-debian-package" in log
     assert "build failed" in (run_dir / "report.md").read_text()
-    assert _managed_ids() <= before
+    # neither a container of the case nor the failed step's own is left
+    left = _containers_of("buildfail", "lab-no-such-debian-package")
+    assert left.keys() <= before.keys(), left
 
 
 @pytest.mark.docker
@@ -83,17 +91,18 @@ def test_an_oom_kill_is_evidence_with_the_limit(tmp_path):
     assert "killed: out of memory (limit 256 MiB)" in proc.stderr  # what the user sees
 
 
-def _slow_templates(tmp_path: Path) -> Path:
-    """The lab's templates with one slow build step added (LAB_TEMPLATES_DIR is a lab feature)."""
+def _slow_templates(tmp_path: Path) -> tuple[Path, str]:
+    """The lab's templates with one slow build step added (LAB_TEMPLATES_DIR is a lab feature), and
+    the word only that step's command holds."""
     folder = tmp_path / "templates"
     shutil.copytree(ROOT / "dockerfiles", folder)
     template = folder / "debian.Dockerfile.j2"
     text = template.read_text()
     marker = "FROM ${BASE}\n"
     assert marker in text
-    step = f"RUN echo lab-slow-step-{uuid.uuid4().hex[:8]} && sleep 600\n"
-    template.write_text(text.replace(marker, marker + step, 1))
-    return folder
+    word = f"lab-slow-step-{uuid.uuid4().hex[:8]}"
+    template.write_text(text.replace(marker, marker + f"RUN echo {word} && sleep 600\n", 1))
+    return folder, word
 
 
 class _Reader(threading.Thread):
@@ -106,15 +115,13 @@ class _Reader(threading.Thread):
             self.text += line
 
 
-@pytest.mark.alone
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
 @pytest.mark.usefixtures("cpu_torch")
 def test_ctrl_c_during_a_build_leaves_no_container_and_marks_the_folder(tmp_path):
-    client = docker.from_env()
-    before = {c.id for c in client.containers.list(all=True)}
-    managed_before = _managed_ids()
-    env = {**os.environ, "LAB_TEMPLATES_DIR": str(_slow_templates(tmp_path))}
+    templates, marker = _slow_templates(tmp_path)
+    before = _containers_of("sleeper", marker)
+    env = {**os.environ, "LAB_TEMPLATES_DIR": str(templates)}
     proc = subprocess.Popen([sys.executable, "-m", "lab", "run", str(E2E / "sleeper.yaml"), *TORCH.args, "--out",
                              str(tmp_path / "runs")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -130,15 +137,15 @@ def test_ctrl_c_during_a_build_leaves_no_container_and_marks_the_folder(tmp_path
     reader.join(timeout=10)
     assert proc.returncode == 130, reader.text[-3000:]
     assert "Traceback" not in reader.text
-    assert _managed_ids() <= managed_before
-    # The engine also stops the build's own intermediate container once the client is gone.
+    # No container of the case is left, and the engine also stops the build's own intermediate
+    # container (the slow step's) once the client is gone.
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        left = [c for c in client.containers.list(all=True) if c.id not in before]
+        left = {i: n for i, n in _containers_of("sleeper", marker).items() if i not in before}
         if not left:
             break
         time.sleep(2)
-    assert not left, [(c.name, c.attrs.get("Config", {}).get("Cmd")) for c in left]
+    assert not left, left
     (result_file,) = (tmp_path / "runs").glob("sleeper/*/result.json")
     result = json.loads(result_file.read_text())
     assert result["status"] == "interrupted" and result["verdict"] is None
