@@ -42,6 +42,7 @@ BUNDLES_LOG = "bundles.log"
 APPLICATION_ID = 0x4C414231          # "LAB1"
 SCHEMA = 2                           # 2: `created`, from the lab's own marker
 _BUSY_TIMEOUT_S = 60
+_OPEN_TRIES = 5     # a transient "disk I/O error" at open is tried again this many times
 _TABLES = """
 CREATE TABLE IF NOT EXISTS runs (
   path TEXT PRIMARY KEY,        -- the run folder, relative to the runs root
@@ -166,13 +167,19 @@ class RunIndex:
             conn.close()
 
     def _open(self) -> sqlite3.Connection:
-        try:
-            return self._open_checked()
-        except sqlite3.OperationalError:
-            raise  # locked, read-only, no space: not the file's fault
-        except (sqlite3.DatabaseError, _Foreign) as exc:
-            self._move_aside(f"it is not an index this lab can read ({exc})")
-            return self._open_checked()
+        for attempt in range(_OPEN_TRIES):
+            try:
+                return self._open_checked()
+            except sqlite3.OperationalError as exc:
+                # SQLite answers "disk I/O error" now and then when several processes open the index
+                # at once (seen once in the four-writer test, tests/history): brief, so try again
+                if "disk I/O error" not in str(exc) or attempt == _OPEN_TRIES - 1:
+                    raise  # locked, read-only, no space: not the file's fault
+                time.sleep(0.1 * (attempt + 1))
+            except (sqlite3.DatabaseError, _Foreign) as exc:
+                self._move_aside(f"it is not an index this lab can read ({exc})")
+                return self._open_checked()
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def _open_checked(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)

@@ -226,3 +226,29 @@ def test_no_runs_folder_is_an_empty_history_and_stays_absent(tmp_path):
     index = RunIndex(tmp_path / "runs")
     assert index.query() == [] and index.flaky() == [] and index.gc(None, 1).removed == ()
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_passing_disk_io_error_at_open_is_tried_again_and_any_other_is_said(tmp_path, monkeypatch):
+    """SQLite said "disk I/O error" once when four processes opened the index at once: the open is
+    tried again; a lasting one, or any other error (locked, read-only), is said as before."""
+    from lab.core.errors import LabError
+    from lab.history import index as history
+    (tmp_path / "runs").mkdir()
+    real = history.RunIndex._open_checked
+    errors = ["disk I/O error", "disk I/O error"]
+
+    def flaky(self):
+        if errors:
+            raise sqlite3.OperationalError(errors.pop(0))
+        return real(self)
+
+    monkeypatch.setattr(history.RunIndex, "_open_checked", flaky)
+    monkeypatch.setattr(history.time, "sleep", lambda s: None)
+    assert RunIndex(tmp_path / "runs").query() == [] and errors == []
+    errors[:] = ["disk I/O error"] * history._OPEN_TRIES
+    with pytest.raises(LabError, match="disk I/O error"):
+        RunIndex(tmp_path / "runs").query()
+    errors[:] = ["attempt to write a readonly database"]
+    with pytest.raises(LabError, match="readonly"):
+        RunIndex(tmp_path / "runs").query()
+    assert errors == []
