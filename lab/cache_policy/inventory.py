@@ -256,7 +256,7 @@ class Hold:
         with contextlib.suppress(OSError):
             self.path = _own_dir(LEASES) / f"{os.getpid()}-{time.time_ns()}.hold"
             self.path.write_text(json.dumps({"pid": os.getpid(), "why": why,
-                                             "paths": [str(Path(p).resolve()) for p in paths],
+                                             "paths": [_resolved(p) for p in paths],
                                              "images": [_stamp_name(i) for i in image_ids]}))
 
     def release(self) -> None:
@@ -341,7 +341,7 @@ def _held(e: Entry, holds: list[tuple[int, str, set[str], set[str]]]) -> str | N
             if stamp in images:
                 return f"{why} (pid {pid})" if pid else why
         return None
-    mine = {str(Path(p).resolve()) for p in (e.ref or ()) if isinstance(p, Path)}
+    mine = {_resolved(p) for p in (e.ref or ()) if isinstance(p, Path)}
     for pid, why, paths, _ in holds:
         if mine & paths:
             return f"{why} (pid {pid})" if pid else why

@@ -356,7 +356,7 @@ def run_bisect(request: BisectRequest, host: HostPip, runs_root: Path, events: E
         paths = (plan.site.root,) if plan.site is not None and plan.site.root is not None else ()
         images = (image.image_id, image.base.image_id) if image.local is None else ()
         with lock:  # kept until its probe has run
-            if version not in held:
+            if version not in held and (paths or images):  # (the local engine's venv: nothing to hold)
                 held[version] = cache_policy.hold(paths, images, f"made ahead for the probe of torch {version}")
             if image.local is None and not image.cached:
                 made_ahead[version] = (on, image.tag)
