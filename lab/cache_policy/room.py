@@ -3,9 +3,11 @@ and the disk can take it.
 
 `estimate(case, engine)` says how many bytes a run of `case` adds: nothing new when its site tree
 (or venv) is cached (plus the image the engine copies it into, where it does), else the size of the
-cached tree of the same target whose torch release is nearest (releases next to each other differ
-little: 4-5 GB for x86-64 CUDA builds, 7 GB for AArch64 from 2.11), else a typical size. uv's
-wheels are hard-linked into the tree, so they are counted once.
+cached tree of the same target and the same kind of build whose torch release is nearest (releases
+next to each other differ little: 4-5 GB for x86-64 CUDA builds, 7 GB for AArch64 from 2.11), else a
+typical size. A CUDA build (it pulls `nvidia-*` wheels) is never estimated from a CPU build's tree nor
+the other way round: AArch64 2.10.0's tree is 0.6 GB and 2.11.0's about 7 GB. uv's wheels are
+hard-linked into the tree, so they are counted once.
 
 `make_room(need, ...)` evicts, least recently used first and never what is in use, until the cache
 plus `need` fits the cap; it reports whether the cap can be kept and whether the disk keeps
@@ -105,16 +107,43 @@ def _copies_into_image(engine) -> bool:
         return False
 
 
-def _trees(root: Path, project: str = "torch") -> list[tuple[str | None, str, int]]:
-    """(version of `project`, target, bytes) of every site tree and venv the cache describes."""
+def cuda_build(torch: str, arch: str) -> bool:
+    """Whether torch `torch` from PyPI for `arch` is a CUDA build (it pulls `nvidia-*` wheels): every
+    x86-64 release but a `+cpu` one, AArch64 from 2.11.0 on."""
+    if "+cpu" in torch:
+        return False
+    if arch == "arm64":
+        wanted = _version(torch)
+        return wanted is not None and wanted >= Version("2.11")
+    return True
+
+
+def _arch_of(target: str) -> str:
+    return "arm64" if "arm64" in target or "aarch64" in target else "amd64"
+
+
+def _cuda_tree(data: dict, version: str | None, target: str) -> bool:
+    """Whether a cached tree is a CUDA build: what it installed says (a site tree's `packages`, a
+    venv's `freeze`), else the rule for its release."""
+    names = [str(p.get("name", "")) for p in data.get("packages") or () if isinstance(p, dict)]
+    names += [str(line).split("==", 1)[0] for line in data.get("freeze") or ()]
+    if names:
+        return any(n.lower().startswith("nvidia") for n in names)
+    return cuda_build(version or "", _arch_of(target))
+
+
+def _trees(root: Path, project: str = "torch") -> list[tuple[str | None, str, int, bool]]:
+    """(version of `project`, target, bytes, whether a CUDA build) of every site tree and venv the
+    cache describes."""
     found = []
     for part in ("site", "venv"):
         folder = root / part
         for meta in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             try:
                 data = json.loads(meta.read_text())
-                found.append((_pin(list(data.get("requirements") or []), project), str(data.get("target") or ""),
-                              int(data.get("size") or 0)))
+                version = _pin(list(data.get("requirements") or []), project)
+                target = str(data.get("target") or "")
+                found.append((version, target, int(data.get("size") or 0), _cuda_tree(data, version, target)))
             except (OSError, ValueError, TypeError, AttributeError):
                 continue
     return found
@@ -126,13 +155,14 @@ def estimate_bytes(torch: str, arch: str, target: str | None, copies: bool, root
     root = current().cache_dir if root is None else root
     trees = [t for t in _trees(root, project) if target is None or t[1] in (target, "")]  # a venv: this host
     factor = 2 if copies else 1
-    for version, _, size in trees:
+    for version, _, size, _cuda in trees:
         if version == torch:
             extra = size if copies else 0
             return Need(extra, f"its tree is cached ({_gib(size)})" + (
                 "; the engine copies it into the case image" if copies else ""))
     wanted = _version(torch)
-    measured = [(v, s) for v, _, s in trees if v and s > 0]
+    cuda = project == "torch" and cuda_build(torch, arch)  # another project: its trees are alike
+    measured = [(v, s) for v, _, s, c in trees if v and s > 0 and c == cuda]  # the same kind of build
     if wanted is not None and measured:
         def distance(item: tuple[str, int]) -> tuple[float, int]:
             v = _version(item[0])
@@ -144,11 +174,13 @@ def estimate_bytes(torch: str, arch: str, target: str | None, copies: bool, root
         return Need(int(size * NEAREST_SLACK) * factor, f"the cached tree of {project} {near} ({_gib(size)})")
     if "+cpu" in torch:
         base = TYPICAL_CPU
-    elif arch == "arm64" and wanted is not None and wanted >= Version("2.11"):
+    elif arch == "arm64" and cuda:
         base = TYPICAL_ARM64_CUDA
     else:
         base = TYPICAL_BYTES.get(arch, max(TYPICAL_BYTES.values()))
-    return Need(base * factor, f"a typical torch release for {arch} ({_gib(base)}); no tree of it was made yet")
+    kind = "CUDA" if cuda else "CPU"
+    return Need(base * factor, f"a typical {kind} build of torch for {arch} ({_gib(base)}); no tree of that kind "
+                               "was made yet")
 
 
 def estimate(case, engine=None) -> Need:

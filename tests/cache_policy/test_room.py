@@ -71,6 +71,30 @@ def test_an_uncached_release_is_estimated_from_the_nearest_cached_one_of_its_tar
     assert room.estimate_bytes("2.6.0", "arm64", "linux/arm64 cp311", copies=True).bytes == 2 * need.bytes
 
 
+def test_a_cuda_build_is_never_estimated_from_a_cpu_builds_tree_nor_the_other_way(cache):
+    """AArch64 torch 2.10.0's tree is 0.6 GB and 2.11.0's, with its nvidia-* wheels, about 7 GB: the
+    nearest release across that line says nothing about the other's size."""
+    tree(cache, "cpu", "2.10.0", 600, time.time())
+    need = room.estimate_bytes("2.11.0", "arm64", "linux/arm64 cp311", copies=False)
+    assert need.bytes == room.TYPICAL_ARM64_CUDA and "CUDA" in need.source
+    # once a CUDA tree of the target is cached, it is the measure for the next CUDA release
+    cuda = tree(cache, "cuda", "2.12.0", 7000, time.time())
+    meta = cuda.parent / "cuda.json"
+    data = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**data, "packages": [{"name": "torch", "version": "2.12.0"},
+                                                     {"name": "nvidia-cublas", "version": "13.0.0"}]}))
+    assert "2.12.0" in room.estimate_bytes("2.11.0", "arm64", "linux/arm64 cp311", copies=False).source
+    assert "2.10.0" in room.estimate_bytes("2.9.1", "arm64", "linux/arm64 cp311", copies=False).source
+    # what a tree installed decides its kind: a +cpu venv on this host is no measure of a CUDA build
+    venv = cache / "venv"
+    venv.mkdir()
+    (venv / "v.json").write_text(json.dumps({"requirements": ["torch==2.13.0+cpu"], "size": 700 * KIB,
+                                             "freeze": ["torch==2.13.0+cpu", "numpy==2.3.0"]}))
+    amd64 = "linux/amd64 cp311"
+    assert room.estimate_bytes("2.13.0", "amd64", amd64, copies=False).bytes == room.TYPICAL_BYTES["amd64"]
+    assert "2.13.0+cpu" in room.estimate_bytes("2.12.0+cpu", "amd64", amd64, copies=False).source
+
+
 def test_with_nothing_cached_the_estimate_is_a_typical_release(cache):
     assert room.estimate_bytes("2.12.0", "arm64", None, copies=False).bytes == room.TYPICAL_ARM64_CUDA
     assert room.estimate_bytes("2.5.1", "amd64", None, copies=False).bytes == room.TYPICAL_BYTES["amd64"]
