@@ -21,7 +21,7 @@ from filelock import FileLock
 from lab.core.arch import Arch
 from lab.core.cache import cache_dir
 from lab.core.config import current as current_settings
-from lab.core.errors import BaseImageError
+from lab.core.errors import BaseImageError, BuildError
 from lab.core.records import BaseImage, Events
 from lab.core.scrub import is_secret_url, redact_url, redact_urls
 from lab.image import cacerts, nativeperl, nativepython, nativeunpack
@@ -31,6 +31,18 @@ BOOTSTRAP_REPO = "torch-repro-lab/debian"
 PUBLIC_DEBIAN_MIRROR = "http://deb.debian.org/debian"  # what a base's sources.list names when the mirror is a secret
 _DEBIAN = re.compile(r"^(?:docker\.io/)?(?:library/)?debian:(?P<suite>[a-z]+|\d+)(?P<slim>-slim)?$")
 _SUITES = {"11": "bullseye", "12": "bookworm", "13": "trixie"}
+# apt's words (through mmdebstrap) for a package name the suite does not have
+_UNKNOWN = re.compile(r"^E: (?:Unable to locate package (?P<a>\S+)|Package '(?P<b>[^']+)' has no installation "
+                      r"candidate|Couldn't find any package by (?:glob|regex) '(?P<c>[^']+)')")
+
+
+class UnknownPackageError(BaseImageError):
+    """mmdebstrap stopped because the suite has no package of a name the case asked for: no other
+    base and no apt step can install it either. `log` is what mmdebstrap printed."""
+
+    def __init__(self, message: str, packages: tuple[str, ...], log: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.packages, self.log = packages, log
 
 
 def debian_suite(base: str) -> str | None:
@@ -136,6 +148,11 @@ def ensure_base(engine, base: str, arch: Arch, events: Events, packages: tuple[s
     if packages:
         try:
             return _bootstrap(engine, base, suite, arch, events, packages)
+        except UnknownPackageError as exc:  # the plain base's apt step would fail the same way, minutes later
+            raise BuildError(f"Debian {suite} has no package named {', '.join(exc.packages)} (the scenario's "
+                             "system_packages); mmdebstrap said so while bootstrapping the base, and no image "
+                             "was made", log=exc.log,
+                             hint="Check the name on https://packages.debian.org/" + suite + ".") from None
         except BaseImageError as exc:
             _remember_failure(bootstrap_tag(suite, arch, packages), exc.message)
             events("base", f"the base with {', '.join(packages)} included could not be made ({exc.message}); "
@@ -219,13 +236,19 @@ def _run_mmdebstrap(cmd: list[str], events: Events) -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace")
     tail: list[str] = []
+    unknown: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip()
-        tail = (tail + [line])[-20:]
+        tail = (tail + [line])[-40:]
+        if (m := _UNKNOWN.match(line)) is not None:
+            unknown.append(m.group("a") or m.group("b") or m.group("c"))
         if line:
             events("base" if _SAID.match(line) else "bootstrap", line)
-    if proc.wait() != 0:
+    if proc.wait() != 0 and unknown:
+        raise UnknownPackageError(f"mmdebstrap failed (exit {proc.returncode}): no package {', '.join(unknown)}",
+                                  tuple(dict.fromkeys(unknown)), redact_urls("\n".join(tail) + "\n"))
+    if proc.returncode != 0:
         raise BaseImageError(
             f"mmdebstrap failed (exit {proc.returncode}): " + redact_urls(" | ".join(tail[-5:])),
             hint="Check that Debian's archive is reachable and that QEMU binfmt is enabled "

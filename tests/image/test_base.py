@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lab.core.arch import Arch
-from lab.core.errors import BaseImageError
+from lab.core.errors import BaseImageError, BuildError
 from lab.image import base as base_mod
 from lab.image.base import bootstrap_command, bootstrap_tag, ensure_base
 
@@ -42,7 +42,10 @@ def mmdebstrap(monkeypatch, tmp_path):
     def run(cmd, events, fail_with_include=False):
         calls.append(cmd)
         if run.fail and any(c.startswith("--include=") for c in cmd):
-            raise BaseImageError("mmdebstrap failed (exit 1): E: Unable to locate package lab-no-such")
+            if run.fail == "unknown":
+                raise base_mod.UnknownPackageError("mmdebstrap failed (exit 100): no package lab-no-such",
+                                                   ("lab-no-such",), "E: Unable to locate package lab-no-such\n")
+            raise BaseImageError("mmdebstrap failed (exit 1): E: Sub-process /usr/bin/dpkg returned an error code (1)")
         (base_mod.Path(cmd[-2])).write_bytes(b"rootfs")
 
     run.fail = False
@@ -138,6 +141,30 @@ def test_a_package_set_debian_cannot_include_falls_back_to_the_plain_base_once(m
     calls = len(mmdebstrap.calls)
     again = ensure_base(engine, "debian:bookworm", Arch.AMD64, lambda *a: None, pkgs)
     assert again.ref == got.ref and len(mmdebstrap.calls) == calls  # not tried again
+
+
+def test_a_package_the_suite_does_not_have_fails_the_build_at_once_with_mmdebstraps_words(mmdebstrap):
+    """No plain base and no apt step after it: they would fail the same way, minutes later."""
+    mmdebstrap.fail = "unknown"
+    engine = FakeEngine()
+    with pytest.raises(BuildError) as err:
+        ensure_base(engine, "debian:bookworm", Arch.AMD64, lambda *a: None, (*PKGS, "lab-no-such"))
+    assert "Debian bookworm has no package named lab-no-such" in err.value.message
+    assert "Unable to locate package lab-no-such" in err.value.log
+    assert len(mmdebstrap.calls) == 1 and engine.built == []
+
+
+def test_mmdebstrap_naming_an_unknown_package_is_told_apart_from_another_failure():
+    script = ("echo 'I: installing remaining packages inside the chroot...'; "
+              "echo 'E: Unable to locate package lab-typo'; "
+              "echo \"E: Package 'python3-old' has no installation candidate\"; exit 1")
+    with pytest.raises(base_mod.UnknownPackageError) as err:
+        base_mod._run_mmdebstrap(["sh", "-c", script], lambda *a: None)
+    assert err.value.packages == ("lab-typo", "python3-old") and "lab-typo" in err.value.log
+    with pytest.raises(BaseImageError) as other:
+        base_mod._run_mmdebstrap(["sh", "-c", "echo 'E: Sub-process returned an error code (1)'; exit 1"],
+                                 lambda *a: None)
+    assert not isinstance(other.value, base_mod.UnknownPackageError)
 
 
 def test_a_base_the_engine_has_is_used_as_it_is(mmdebstrap):
