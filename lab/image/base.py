@@ -149,9 +149,9 @@ def ensure_base(engine, base: str, arch: Arch, events: Events, packages: tuple[s
         try:
             return _bootstrap(engine, base, suite, arch, events, packages)
         except UnknownPackageError as exc:  # the plain base's apt step would fail the same way, minutes later
-            raise BuildError(f"Debian {suite} has no package named {', '.join(exc.packages)} (the scenario's "
-                             "system_packages); mmdebstrap said so while bootstrapping the base, and no image "
-                             "was made", log=exc.log,
+            raise BuildError(f"Debian {suite} has no package named {', '.join(exc.packages)} (asked for as a "
+                             "system package); mmdebstrap said so while bootstrapping the base, and no image "
+                             "was made.", log=exc.log,
                              hint="Check the name on https://packages.debian.org/" + suite + ".") from None
         except BaseImageError as exc:
             _remember_failure(bootstrap_tag(suite, arch, packages), exc.message)
