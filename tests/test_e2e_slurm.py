@@ -187,11 +187,17 @@ def test_a_task_killed_on_its_node_is_a_skip_never_a_verdict(tmp_path):
     assert not sandboxes_of(name)
 
 
-def sandboxes_of(name: str) -> list[str]:
-    """The scenario's scripts still running on this host (none once its jobs have ended)."""
-    time.sleep(1)
-    found = subprocess.run(["pgrep", "-f", f"python {name}.py"], capture_output=True, text=True).stdout
-    return found.split()
+def sandboxes_of(name: str, wait_s: float = 60.0) -> list[str]:
+    """The scenario's scripts still running on this host once its jobs have ended, after Slurm had
+    time to stop them: a cancelled step's processes get SIGTERM, then SIGKILL KillWait (5 s,
+    bin/setup-slurm) later, which a loaded slurmd delivers seconds after the job reads CANCELLED
+    (one CI run found the sandbox 1 s after). Only what outlives `wait_s` is left behind."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        time.sleep(1)
+        found = subprocess.run(["pgrep", "-f", f"python {name}.py"], capture_output=True, text=True).stdout.split()
+        if not found or time.monotonic() > deadline:
+            return found
 
 
 def test_a_case_goes_to_the_partition_whose_nodes_declare_its_arch(tmp_path):
