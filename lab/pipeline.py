@@ -25,6 +25,7 @@ from lab.core.errors import BuildError, LabError, ScenarioError
 from lab.core.records import BuiltImage, Events, RawRun, RunLimits, no_events
 from lab.core.results import RunResult, StageTimes, TorchBuild
 from lab.core.runmarker import mark_run
+from lab.core.scrub import redact_secrets
 from lab.engine.protocol import Engine, ImageRef, Pending, nothing_pending
 from lab.history.index import record_run
 from lab.image import era, layout
@@ -148,6 +149,8 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
             with clock("build"):
                 image = engine.prepare(case, plan, host, run_dir, events, ready=ready or nothing_pending)
         except BuildError as err:
+            if err.log and not (run_dir / "build.log").exists():  # a failure before any docker build (the base)
+                (run_dir / "build.log").write_text(redact_secrets(err.log))
             judgement = build_failed(err.message)
             rec = report.RunRecord(judgement=judgement, evidence=None, image=None, base=None,
                                    timings=clock.times(), **record)

@@ -21,7 +21,7 @@ import docker
 
 from lab.core.arch import Arch
 from lab.core.background import beside, timed
-from lab.core.errors import BuildError, EngineError
+from lab.core.errors import EngineError
 from lab.core.records import BuiltImage, Events, RunLimits, no_events
 from lab.core.results import LocalRef
 from lab.engine import gpu
@@ -31,7 +31,7 @@ from lab.engine.docker_housekeeping import DockerHousekeeping
 from lab.engine.docker_images import DockerImages
 from lab.engine.protocol import Pending, nothing_pending
 from lab.image.base import ensure_base
-from lab.image.builder import build_image, log_build_error
+from lab.image.builder import build_image
 from lab.image.hostpip import HostPip
 from lab.image.render import BuildPlan, system_packages
 from lab.image.resolve import Case
@@ -166,11 +166,7 @@ class DockerEngine(DockerImages, DockerContainers, DockerHousekeeping):
     def prepare(self, case: Case, plan: BuildPlan, host: HostPip, run_dir: Path, events: Events = no_events,
                 *, ready: Pending = nothing_pending) -> BuiltImage:
         """The case's image, built from `plan` unless its content-addressed tag is there."""
-        try:
-            base_s = ready()
-        except BuildError as err:  # the base could not be made as the case asks (lab.image.base)
-            log_build_error(run_dir / "build.log", err)
-            raise
+        base_s = ready()
         image = build_image(plan, self, host, events, run_dir / "build.log")
         return replace(image, base_seconds=image.base_seconds + base_s)
 

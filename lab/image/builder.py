@@ -116,7 +116,7 @@ def build_image(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Even
     own): the tree is always a layer of it."""
     case = plan.case
     base_started = time.monotonic()
-    base = base_or_log(engine, case, events, log_path)
+    base = ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
     decision = mount_decision(plan, engine.on_this_host, builds_as_rendered(plan.dockerfile, case),
                               lambda folder: engine.sees_host_folder(folder, base.ref)) if for_runs else \
         MountDecision(False, "an image to use on its own: the tree is a layer of it")
@@ -134,22 +134,6 @@ def build_image(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Even
     site = plan.site
     assert site is not None and site.root is not None and site.target is not None
     return replace(image, mounted=MountedImage(image.tag, site.root, site.target.python))
-
-
-def base_or_log(engine: ImageStore, case, events: Events, log_path: Path | None):
-    """ensure_base for `case`; when it fails as a build (a system package the suite does not have),
-    what mmdebstrap said is the build log."""
-    try:
-        return ensure_base(engine, case.scenario.base, case.arch, events, system_packages(case))
-    except BuildError as err:
-        log_build_error(log_path, err)
-        raise
-
-
-def log_build_error(log_path: Path | None, err: BuildError) -> None:
-    """A failed build's own log (secrets redacted) at `log_path`, when it has one."""
-    if log_path is not None and err.log:
-        log_path.write_text(redact_secrets(err.log))
 
 
 def _build_locked(plan: BuildPlan, engine: ImageStore, host: HostPip, events: Events, log_path: Path | None,
