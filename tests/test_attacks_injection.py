@@ -209,10 +209,12 @@ def test_hostile_arch_backend_and_mode_are_refused_before_the_engine(args, needl
 @pytest.fixture
 def local_index(tmp_path: Path) -> dict[str, str]:
     """Host pip settings with one source only: a file:// simple index that lists torch 2.13.0+cpu
-    and 2.5.1 for cp311 x86_64 (the check reads file names; no wheel has to be there)."""
+    and 2.5.1 for cp311 x86_64, and 1.12.1 for cp39 only (the check reads file names; no wheel has
+    to be there)."""
     page = tmp_path / "simple" / "torch" / "index.html"
     page.parent.mkdir(parents=True)
-    names = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "torch-2.5.1-cp311-cp311-manylinux1_x86_64.whl"]
+    names = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "torch-2.5.1-cp311-cp311-manylinux1_x86_64.whl",
+             "torch-1.12.1-cp39-cp39-manylinux1_x86_64.whl"]
     page.write_text("".join(f'<a href="{n}">{n}</a>\n' for n in names))
     return {"PIP_INDEX_URL": (tmp_path / "simple").as_uri(), "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",
             "HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "home"),
@@ -227,6 +229,21 @@ def test_a_release_that_does_not_exist_is_refused_before_anything_is_built(comma
     proc = run_lab(*args, env={**local_index, **dead_engine(tmp_path)})
     assert_one_paragraph_error(proc, "torch 9.9.9 has no x86_64 cp311 wheel", "nearest release is 2.13.0+cpu")
     assert proc.stdout == "" and not (tmp_path / "runs").exists()
+
+
+def test_a_release_only_an_older_python_has_names_the_base_that_has_it(local_index, tmp_path):
+    """torch 1.12.1 has no wheel for bookworm's Python 3.11: the error says which base the lab can
+    make has a Python that it has a wheel for (bullseye's 3.9), and the hint how to use it."""
+    proc = run_lab("run", "libgomp-amd64", "--torch", "1.12.1", "--out", str(tmp_path / "runs"),
+                   env={**local_index, **dead_engine(tmp_path)})
+    assert_one_paragraph_error(proc, "torch 1.12.1 has no x86_64 cp311 wheel",
+                               "it has wheels for the Python of debian:bullseye (3.9)",
+                               "Set `base: debian:bullseye` in the scenario")
+    assert not (tmp_path / "runs").exists()
+    proc = run_lab("run", "libgomp-amd64", "--torch", "9.9.9", "--out", str(tmp_path / "runs"),
+                   env={**local_index, **dead_engine(tmp_path)})
+    assert_one_paragraph_error(proc, "torch 9.9.9 has no x86_64 cp311 wheel")
+    assert "debian:" not in proc.stderr and "Set `base:" not in proc.stderr
 
 
 def test_a_public_version_finds_its_local_build_and_render_needs_no_index(local_index, tmp_path):

@@ -52,6 +52,7 @@ from lab.image.render import (
 )
 from lab.image.resolve import Case
 from lab.image.sitemount import MountDecision, freeze_of, mount_decision
+from lab.scenario.bases import BASES, KnownBase
 
 PIP_CONF_URL_ARG = "LAB_PIP_CONF_URL"  # the template's ARG for the one-shot pip.conf
 MOUNTED_KEY = "\nsite mounted"  # in the tag of an image whose runs get the tree mounted
@@ -87,13 +88,31 @@ def check_release(case: Case, host: HostPip, events: Events = no_events) -> None
     target = Version(case.torch)
     nearest = [v for v in found if Version(v) < target][-1:] + [v for v in found if Version(v) > target][:1]
     where = ", ".join(redact_url(url) for _, url in releases.sources(host))
+    others = _bases_with_release(case, host, python)
     raise releases.ReleaseError(
         f"torch {case.torch} has no {releases.describe(python, case.arch)} on the host's package sources "
         f"({where}), so there is nothing to build for {case.name}"
-        + (f"; the nearest {'releases are' if len(nearest) > 1 else 'release is'} {' and '.join(nearest)}."
-           if nearest else "; they have no torch wheel for it at all."),
-        hint="Choose a release that exists (`lab bisect --from/--to` lists the candidates), or add the index "
-             "or find-links folder that has this build to the host's pip settings.")
+        + (f"; the nearest {'releases are' if len(nearest) > 1 else 'release is'} {' and '.join(nearest)}"
+           if nearest else "; they have no torch wheel for it at all")
+        + (f"; it has wheels for the Python of {' and '.join(f'{b.name} ({b.python})' for b in others)}."
+           if others else "."),
+        hint=(f"Set `base: {others[0].name}` in the scenario to run this release there, choose"
+              if others else "Choose")
+             + " a release that exists (`lab bisect --from/--to` lists the candidates), or add the index "
+               "or find-links folder that has this build to the host's pip settings.")
+
+
+def _bases_with_release(case: Case, host: HostPip, python: str) -> list[KnownBase]:
+    """The bases the lab can make without a registry whose python3 has a wheel of the case's release
+    (from the file lists the check read: no more requests), in the table's order."""
+    found = []
+    for base in BASES:
+        if not base.bootstrappable or base.python == python:
+            continue
+        with contextlib.suppress(releases.IndexUnreachableError):
+            if _published(_releases(case, host, base.python, refresh=False), case.torch):
+                found.append(base)
+    return found
 
 
 def _releases(case: Case, host: HostPip, python: str, refresh: bool) -> list[str]:

@@ -14,18 +14,24 @@ DEFAULT_GLIBC = (2, 28)            # a distribution the lab does not know: manyl
 
 @dataclass(frozen=True)
 class KnownBase:
+    name: str                      # how a scenario names it
     pattern: re.Pattern[str]
     python: str                    # X.Y of its python3
     glibc: tuple[int, int]
 
+    @property
+    def bootstrappable(self) -> bool:
+        """Whether the lab can make it with no registry: a Debian suite from Debian's archive."""
+        return self.name.startswith("debian:")
+
 
 BASES = (
-    KnownBase(re.compile(r"debian:(bookworm|12)"), "3.11", (2, 36)),
-    KnownBase(re.compile(r"debian:(trixie|13)"), "3.13", (2, 41)),
-    KnownBase(re.compile(r"debian:(bullseye|11)"), "3.9", (2, 31)),
-    KnownBase(re.compile(r"ubuntu:?(22\.04|jammy)"), "3.10", (2, 35)),
-    KnownBase(re.compile(r"ubuntu:?(24\.04|noble)"), "3.12", (2, 39)),
-    KnownBase(re.compile(r"ubuntu:?(20\.04|focal)"), "3.8", (2, 31)),
+    KnownBase("debian:bookworm", re.compile(r"debian:(bookworm|12)"), "3.11", (2, 36)),
+    KnownBase("debian:trixie", re.compile(r"debian:(trixie|13)"), "3.13", (2, 41)),
+    KnownBase("debian:bullseye", re.compile(r"debian:(bullseye|11)"), "3.9", (2, 31)),
+    KnownBase("ubuntu:22.04", re.compile(r"ubuntu:?(22\.04|jammy)"), "3.10", (2, 35)),
+    KnownBase("ubuntu:24.04", re.compile(r"ubuntu:?(24\.04|noble)"), "3.12", (2, 39)),
+    KnownBase("ubuntu:20.04", re.compile(r"ubuntu:?(20\.04|focal)"), "3.8", (2, 31)),
 )
 
 
