@@ -117,7 +117,8 @@ def _run_case(case: Case, engine: Engine, host: HostPip, runs_root: Path, events
               plan: BuildPlan | None, limits: RunLimits, system: str | None = None) -> RunOutcome:
     clock = _Clock()
     content = content_key(case)  # before anything is made: an edit of the script during the run is not this run
-    case, depset = era.apply(case, host, events)  # `era` or a date: pinned on the host before the build
+    # `era` or a date: pinned on the host before the build, for the Python the environment has
+    case, depset = era.apply(case, host, events, python=engine.environment_python())
     ready: Pending | None = None
     if plan is None:
         ready = engine.begin(case, events)  # (Docker: the base, made while uv works on the host)
@@ -346,7 +347,7 @@ def make_ready(case: Case, engine: Engine, host: HostPip, where: Path,
     the case image, with `where` (a scratch folder, not a run folder) as its build context. A later run
     of the same case finds them cached (a bisection's next round made ready while one runs, issue 34;
     collect_env at a boundary). On the local engine the image runs from `where`: keep it while it runs."""
-    case, _ = era.apply(case, host, events)
+    case, _ = era.apply(case, host, events, python=engine.environment_python())
     ready = engine.begin(case, events)
     try:
         plan = plan_for(case, engine, host, events)

@@ -485,7 +485,8 @@ def _blame(result: BisectResult, scenario: Scenario, arch: str, sets, host: Host
         if target is None:
             return None
         found = era.resolve_set((f"torch=={version}", *scenario.pip), setting=era.ERA, torch=version, host=host,
-                                python=target.python, arch=target.arch, platform=target.uv_platform)
+                                python=local_python(fleet) or target.python, arch=target.arch,
+                                platform=target.uv_platform)  # for the Python the probes' environments have
         return found.versions()
 
     def run_with(version: str, pins: dict[str, str], label: str, changed: tuple[str, ...]) -> BlameStep:

@@ -41,8 +41,9 @@ from packaging.utils import canonicalize_name
 from lab.core.cache import cache_dir
 from lab.core.errors import LabError
 from lab.image import releases
-from lab.image.crossinstall import target_for, uv_binary
+from lab.image.crossinstall import Target, target_for, uv_binary
 from lab.image.hostpip import HostPip
+from lab.scenario.bases import base_glibc
 from lab.scenario.model import _DATE_RE, DEPS_HELP, ERA, LATEST, parse_deps, rfc3339  # noqa: F401 (re-exported)
 
 GRACE = timedelta(days=7)
@@ -197,14 +198,20 @@ def _compile(requirements: tuple[str, ...], *, cut: str, host: HostPip, python: 
     return tuple(sorted(found))
 
 
-def apply(case, host: HostPip, events=None):
+def apply(case, host: HostPip, events=None, python: str | None = None):
     """(the case with its era's pins in `resolved`, its DepSet), or (case, None) for `latest`.
 
-    Pins the lab chose itself (`case.pins`) are kept as they are and exempt from the cut."""
+    Pins the lab chose itself (`case.pins`) are kept as they are and exempt from the cut. `python`
+    (X.Y): the Python the environment is made with where the engine decides it, whatever the base
+    has (Engine.environment_python: the local engine's venvs, from the host's Python); the pins
+    are resolved for it, since they are installed there."""
 
     if case.deps == LATEST:
         return case, None
     target = target_for(case)
+    if python:
+        target = replace(target, python=python) if target is not None else \
+            Target(case.arch.value, case.arch.uname, python, base_glibc(case.scenario.base))
     if target is None:
         raise DepsError(f"deps: {case.deps} needs the Python version of the base image, and the lab does not "
                         f"know the one of {case.scenario.base}.", hint="Use `deps: latest` with this base.")

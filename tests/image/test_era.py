@@ -231,3 +231,24 @@ def test_a_local_venv_with_an_era_seeds_as_of_its_cut_and_never_reuses_a_venv_se
     dated = dataclasses.replace(case, deps_cut="2023-03-22T00:00:00Z")
     assert venv_key(dated, HostPip(), interp) != venv_key(case, HostPip(), interp)
     assert venv_key(dataclasses.replace(case, deps="latest"), HostPip(), interp) == venv_key(case, HostPip(), interp)
+
+
+def test_the_pins_are_resolved_for_the_python_the_engine_makes_the_environment_with(tmp_path, monkeypatch):
+    """A bullseye scenario (Python 3.9) run on the local engine, whose venvs are made from the host's
+    Python 3.11: its era's pins are resolved for 3.11, where they are installed (torch 2.15.0 has
+    no cp39 wheel: resolving for 3.9 failed the run before it started). On a Docker engine
+    (environment_python None) the base's Python stays."""
+    asked = []
+
+    def resolve_set(requirements, **kw):
+        asked.append(kw["python"])
+        return era.DepSet("era", "2026-11-04T00:00:00Z", "2026-10-28T00:00:00Z", ("numpy==2.3.4",))
+
+    monkeypatch.setattr(era, "resolve_set", resolve_set)
+    s = tiny_scenario(tmp_path, 'name: t\ntorch: "2.0.0"\narch: amd64\nbase: debian:bullseye\ndeps: era\n'
+                                "expect: {exit_code: 1}\n")
+    case = resolve(s, torch="2.15.0")
+    pinned, _ = era.apply(case, HostPip(), python="3.11")
+    assert asked == ["3.11"] and pinned.resolved == ("numpy==2.3.4",)
+    era.apply(case, HostPip())
+    assert asked == ["3.11", "3.9"]
