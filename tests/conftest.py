@@ -178,7 +178,7 @@ def pytest_collection_modifyitems(config, items):
         if "frees_its_cuda_build" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.sweeps)
     # The tests that run alone go first. bin/test starts the Docker runs beside the fast tests, which
-    # take no lock (about 8 min), so a test that runs alone then waits for no one and holds up no one;
+    # take no lock (8 to 12 min), so a test that runs alone then waits for no one and holds up no one;
     # in its place in the file order, the local engine's bisection waited 74 s for the other lane's
     # test to end, and then held that lane 122 s.
     alone = [item for item in items if item.get_closest_marker("sweeps") or item.get_closest_marker("alone")]
