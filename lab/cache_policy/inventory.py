@@ -23,7 +23,10 @@ What counts as "in use" (never removed, not even by `lab cache prune --all`):
 
 
 Sizes: files are counted once per inode, so a site tree hard-linked to uv's cache is not counted
-twice; an entry's size is what removing it frees (an inode with links outside the entry stays).
+twice; an entry's size is what removing it frees (an inode with links outside the entry stays). The
+bytes no one entry frees alone (a site tree's or a local venv's files and the unpacked wheels in uv's
+cache they were installed from, hard links to one inode: most of a CUDA tree's 5-7 GB) are counted
+apart, as `linked`, so that the parts add up to the total.
 Images: each image's unique size (what removing it frees), plus the layers they share counted once,
 taken as the largest shared size among them (exact when the images share one stem, as a scenario's
 images do over a base).
@@ -47,7 +50,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from lab.cache_policy.policy import DISK_MARGIN, PARTS, Entry, choose, default_cap
+from lab.cache_policy.policy import DISK_MARGIN, LINKED, PARTS, Entry, choose, default_cap
 from lab.core.cache import in_use_by_a_run, unless_in_use
 from lab.core.config import current
 from lab.core.errors import LabError
@@ -79,12 +82,17 @@ class Inventory:
     margin: int = 0                 # the free disk a run must leave (`disk_margin`)
     engine: str | None = None       # the engine whose images are counted
     runs: tuple[tuple[str, int], ...] = ()  # (runs folder, bytes): shown, outside the cap
+    linked_bytes: int = 0           # disk bytes linked from more than one entry: freed only when all go
 
     def part_sizes(self) -> dict[str, int]:
+        """Each part's bytes (what removing all its entries frees, the images' shared layers with the
+        images), and `linked`: what only removing entries of several parts together frees. They add up
+        to `total`."""
         sizes = dict.fromkeys(PARTS, 0)
         for e in self.entries:
             sizes[e.part] += e.size
         sizes["images"] += self.shared_image_bytes
+        sizes[LINKED] = self.linked_bytes
         return sizes
 
     def as_json(self) -> dict:
@@ -92,7 +100,7 @@ class Inventory:
         return {"cache_dir": str(self.root), "total_bytes": self.total, "cap_bytes": self.cap,
                 "cap_source": self.cap_source, "free_bytes": self.free, "over_cap": self.total > self.cap,
                 "parts": [{"part": p, "bytes": sizes[p], "entries": sum(e.part == p for e in self.entries)}
-                          for p in PARTS],
+                          for p in (*PARTS, LINKED)],
                 "entries": [{"part": e.part, "name": e.name, "bytes": e.size, "last_used": e.last_used,
                              "in_use": e.in_use, "label": e.label,
                              "pinned": bool(e.in_use and e.in_use.startswith(PINNED))} for e in self.entries],
@@ -588,7 +596,9 @@ def take_inventory(engine=None, now: float | None = None,
             word = pinned_by(e, pinned)
             return f"{PINNED} (lab cache pin {word})" if word else _held(e, holds)
         entries = [Entry(e.part, e.name, e.size, e.last_used, why(e), e.ref, e.label) for e in entries]
-    total = walk.total() + sum(e.size for e in entries if e.part in IMAGE_PARTS) + shared
+    on_disk = walk.total()
+    linked = max(on_disk - sum(e.size for e in entries if e.part not in IMAGE_PARTS), 0)
+    total = on_disk + sum(e.size for e in entries if e.part in IMAGE_PARTS) + shared
     free = _free(root)
     cap = settings["cache_cap"]
     if cap is not None:
@@ -599,7 +609,7 @@ def take_inventory(engine=None, now: float | None = None,
     entries.sort(key=lambda e: (PARTS.index(e.part), e.name))
     return Inventory(root, tuple(entries), total, int(cap), cap_source, free, shared, tuple(notes),
                      margin=disk_margin(), engine=getattr(engine, "name", None) if engine is not None else None,
-                     runs=tuple(_runs_sizes(settings) if with_runs else ()))
+                     runs=tuple(_runs_sizes(settings) if with_runs else ()), linked_bytes=linked)
 
 
 def disk_margin() -> int:

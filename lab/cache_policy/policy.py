@@ -24,11 +24,15 @@ DISK_MARGIN = 2 * GiB            # `disk_margin` default: a probe does not start
 
 # Parts, in the order `lab cache info` lists them; `--all` removes images before what they are built on.
 PARTS = ("images", "anchors", "base_images", "bases", "site", "venv", "uv", "index", "collect_env", "other")
+# Not a part one can remove: the bytes linked from entries of several of LINKED_PARTS, which only their
+# removal together frees (`lab cache info` shows them after the parts, so that all add up to the total).
+LINKED = "linked"
 PART_TITLES = {"images": "images the lab built", "anchors": "layer anchors (kept by bisect)",
                "base_images": "base images the lab bootstrapped", "bases": "base rootfs (while bootstrapping)",
                "site": "site trees (cross-installed venvs)", "venv": "the local engine's venvs",
                "uv": "uv's wheel cache",
-               "index": "release index", "collect_env": "collect_env answers", "other": "anything else"}
+               "index": "release index", "collect_env": "collect_env answers", "other": "anything else",
+               LINKED: "files a tree shares with uv's wheels (hard links)"}
 
 LINKED_PARTS = ("site", "venv", "uv")   # hard-linked to each other (uv installs by linking its cache)
 

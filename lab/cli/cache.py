@@ -44,7 +44,7 @@ def info(as_json: JsonOpt = False) -> None:
         table = Table("part", "size", "entries", "in use")
         sizes = inv.part_sizes()
         for part, size in sizes.items():
-            entries = [e for e in inv.entries if e.part == part]
+            entries = [e for e in inv.entries if e.part == part]  # none for `linked`: no entry frees it alone
             title = PART_TITLES[part] + (f" (engine {inv.engine})" if part == "images" and inv.engine else "")
             table.add_row(escape(title), _gib(size), str(len(entries)), str(sum(bool(e.in_use) for e in entries)))
         out.print(table)
@@ -58,8 +58,10 @@ def info(as_json: JsonOpt = False) -> None:
         for e in sorted(kept, key=lambda e: -e.size):
             name = f"{e.name} [{e.label}]" if e.label else e.name
             out.print(f"kept: {escape(e.part)} {escape(name)} ({_gib(e.size)}): {escape(e.in_use or '')}")
-        out.print("sizes: files once per inode (hard links counted once); images by what removing each frees, "
-                  f"plus {_gib(inv.shared_image_bytes)} of layers they share, counted once", markup=False)
+        out.print("sizes: what removing each part's entries frees, files once per inode; `linked`: files hard-linked "
+                  "from entries of several parts (a site tree or venv and the uv wheels it was installed from); "
+                  f"images by what removing each frees, plus {_gib(inv.shared_image_bytes)} of layers they share, "
+                  "counted once", markup=False)
         for note in inv.notes:
             out.print(f"note: {escape(note)}")
     guard(body)

@@ -195,6 +195,10 @@ def test_hard_links_are_counted_once_and_free_nothing_while_another_link_stays(c
     tree_entry = next(e for e in stock.entries if e.part == "site")
     assert uv.size == 0 and tree_entry.size == 0       # the other link keeps the data
     assert 512 * KIB <= stock.total < 2 * 512 * KIB     # counted once
+    # ... and counted where `lab cache info` shows it: apart, so that the parts add up to the total
+    sizes = stock.part_sizes()
+    assert sizes["linked"] >= 512 * KIB and sum(sizes.values()) == stock.total
+    assert {p["part"]: p["bytes"] for p in stock.as_json()["parts"]}["linked"] == sizes["linked"]
     assert "images left out: no Docker engine" in stock.notes
 
 
