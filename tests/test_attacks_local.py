@@ -245,9 +245,12 @@ for cc in ("c++", "cc", "g++"):
     version = subprocess.run([cc, "--version"], capture_output=True, text=True)
     print("compiler", cc, os.path.realpath(shutil.which(cc)), version.returncode)
 import torch
+torch.manual_seed(0)
 f = torch.compile(lambda x: (x.sin() + x.cos()) * 2, backend="inductor")
 x = torch.randn(64)
-print("inductor", bool(torch.allclose(f(x), (x.sin() + x.cos()) * 2)))
+# float32 tolerance: Inductor's vectorized sin/cos differ from eager's by a few ulps (up to 4.8e-07 seen),
+# which allclose's default atol=1e-08 calls a mismatch near a zero of sin+cos (11 random inputs of 300)
+print("inductor", bool(torch.allclose(f(x), (x.sin() + x.cos()) * 2, atol=1e-5)))
 print("done")
 """
 
