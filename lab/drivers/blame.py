@@ -10,7 +10,9 @@ releases (or, under `deps: latest`, whatever the index serves today). After it f
 The first rebuild whose verdict flips is narrowed down by delta debugging (lab.drivers.ddmin) over
 the packages that differ, one run per step, to the smallest set that flips it; those packages are
 the blame. When no rebuild flips, torch alone flips the verdict (its dependency set was the same on
-both sides, or swapping it changed nothing), and the blame is `torch`.
+both sides, or swapping it changed nothing), and the blame is `torch`. When the sets differ and no
+rebuild with the other side's set gave a verdict (it could not be resolved or built), there is no
+blame: the summary says it is not known, and why.
 
 Pure orchestration: the runs and the era sets come in as callables (lab.drivers.bisect_run gives
 real ones, unit tests fakes).
@@ -90,6 +92,13 @@ def blame_boundary(result: BisectResult, sets: tuple[dict[str, str] | None, dict
         if step.flips:
             flipped = c
             break
+    crossed = [s for c, s in zip(checks, steps, strict=False) if not c.era and s.flips is False]
+    if flipped is None and diff(set_old, set_new) and not crossed:
+        # the two sides ran with different sets and no rebuild with the other side's set gave a verdict:
+        # whether torch alone flips it is not known (each side's own era, kept or not, does not say)
+        return {"blame_summary": "not known: the two sides ran with different dependencies and no rebuild "
+                                 f"with the other side's set gave a verdict ({_tried(steps)})",
+                "blame_steps": tuple(steps)}
     if flipped is None:
         return {"blame": (Blamed(package="torch", old=old, new=new),),
                 "blame_summary": "torch alone flips the verdict: every rebuild kept its side's verdict "

@@ -76,6 +76,22 @@ def test_a_rebuild_without_a_verdict_flips_nothing():
     assert [s.flips for s in out["blame_steps"]] == [None, None]
 
 
+def test_no_verdict_with_the_other_side_s_set_blames_nothing():
+    # the sides ran with different sets and neither could be rebuilt with the other's (uv found no
+    # solution: 2.6.0 with 2.7.0's nvidia pins): "torch alone" would say more than the runs showed
+    older = dict(TODAY, numpy="1.26.4")
+    run_with, calls = fake_runs(lambda torch, pins: "error")
+    out = blame_boundary(found(), (older, TODAY), run_with, {"2.2.2": ERA_222, "2.3.0": ERA_230}.get)
+    assert [c[2] for c in calls][:2] == ["check1", "check2"]
+    assert "blame" not in out and out.get("blame_fix") is None
+    assert out["blame_summary"].startswith("not known: the two sides ran with different dependencies")
+    assert "2.3.0's dependencies: error" in out["blame_summary"]
+    # one cross rebuild that keeps its side's verdict is enough for torch alone
+    run_with, _ = fake_runs(lambda torch, pins: "reproduced" if torch == "2.2.2" else "error")
+    out = blame_boundary(found(), (older, TODAY), run_with, lambda v: None)
+    assert out["blame_fix"] == "torch alone" and out["blame"][0].package == "torch"
+
+
 def test_no_freeze_means_no_blame():
     run_with, calls = fake_runs(numpy_2_breaks_222)
     out = blame_boundary(found(), (None, TODAY), run_with, lambda v: None)
