@@ -132,7 +132,7 @@ def triage(
             inf, written = from_issue(source, folder, None, True)
             _show_inference(inf, written, False)
             target = written.cpu_variant or written.yaml
-            return str(target), written.scenario.name, inf.page.url, inf.torch, inf.arch.value
+            return str(target), written.scenario.name, inf.page.url, inf.torch, inf.arch.value, inf.earlier
 
         def one(yaml_path: str, torch: str, arch: str) -> RunStep:
             case = resolve(inputs.with_deps(load_scenario(yaml_path), deps), torch=torch, arch=arch)

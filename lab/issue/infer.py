@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import date
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from lab.core.arch import Arch
 from lab.issue import oracle, releases
@@ -58,6 +58,10 @@ class Inference:
     fixups: list[str] = field(default_factory=list)
     python: str | None = None
     base: str = CPU_BASE
+    # The release before `torch` when the page ran a nightly or a source build: that code was main's between
+    # `earlier` and `torch`, so a fix that landed before `torch`'s branch cut leaves the bug in `earlier`
+    # only (lab triage runs it when `torch` does not reproduce). None for a released version.
+    earlier: str | None = None
 
     def fact(self, name: str) -> Fact | None:
         return next((f for f in self.facts if f.name == name), None)
@@ -69,7 +73,7 @@ def infer(page: IssuePage) -> Inference:
     facts: list[Fact] = []
     fixups: list[str] = []
     script, span, chosen = _script(page, found, facts, fixups)
-    torch_v = _torch(page, lines, found, script, facts, fixups)
+    torch_v, dev_build = _torch(page, lines, found, script, facts, fixups)
     arch = _arch(page, lines, facts)
     python = _python(lines, facts)
     gpu, cpu_variant = _cuda(script, chosen, facts)
@@ -91,7 +95,7 @@ def infer(page: IssuePage) -> Inference:
     pip = _pip(lines, script, torch_v, facts, fixups, keep_pins=same_env)
     return Inference(page=page, torch=torch_v, arch=arch, gpu=gpu, cpu_variant=cpu_variant, pip=pip, env=env,
                      script=script, script_lines=span, expect=expect, facts=facts, fixups=fixups, python=python,
-                     base=base)
+                     base=base, earlier=_earlier(torch_v, script, base) if dev_build else None)
 
 
 # ----------------------------------------------------------------------------- the script
@@ -272,11 +276,13 @@ def _main_on(lines: list[str], found: list[Block]) -> tuple[str, int, str] | Non
     return None
 
 
-def _torch(page, lines, found, script, facts, fixups) -> str:
+def _torch(page, lines, found, script, facts, fixups) -> tuple[str, bool]:
+    """The release to run, and whether the page ran a nightly or a source build (main's code, not a
+    release: a release candidate is the release's own branch, so it is not one)."""
     raw, line, how = _find_torch(page, lines, found)
     if raw is None and (main := _main_on(lines, found)) is not None:
         facts.append(Fact("torch", main[0], main[1], main[2]))
-        return _minimums(main[0], script, facts, fixups)
+        return _minimums(main[0], script, facts, fixups), True
     if raw is None and page.created is not None:
         current = releases.on_date(page.created)
         if current:
@@ -289,10 +295,29 @@ def _torch(page, lines, found, script, facts, fixups) -> str:
         raw = releases.newest()
         facts.append(Fact("torch", raw, None, "not found on the page (no Versions, no date): the newest release",
                           default=True))
-        return _minimums(raw, script, facts, fixups)
+        return _minimums(raw, script, facts, fixups), False
     version, why = releases.normalize(raw)
     facts.append(Fact("torch", version, line, how + (f"; {why}" if why else "")))
-    return _minimums(version, script, facts, fixups)
+    return _minimums(version, script, facts, fixups), _dev_build(raw)
+
+
+def _dev_build(raw: str) -> bool:
+    """A nightly (2.4.0.dev20240521) or a source build (2.3.0a0+git...): main's code, not a release."""
+    try:
+        public = Version(Version(raw).public)
+    except InvalidVersion:
+        return False
+    return public.is_devrelease or (public.pre is not None and public.pre[0] != "rc")
+
+
+def _earlier(torch_v: str, script: str, base: str) -> str | None:
+    """The release before `torch_v`, when the scenario can run it as it is: the script's features are in
+    it (torch.compile), it would get the same base (2.0's torch.compile refuses Python 3.11), and it has a
+    wheel for that base's Python."""
+    earlier = releases.before(torch_v)
+    if earlier is None or _minimums(earlier, script, [], []) != earlier or _base(earlier, script, [], []) != base:
+        return None
+    return earlier if str(base_python(base)) in releases.wheel_pythons(earlier) else None
 
 
 def _code_lines(found: list[Block]) -> set[int]:

@@ -1,6 +1,9 @@
 """`lab triage SOURCE`: from-issue, a run on the page's version and arch, a run on the newest release
 for that arch when it reproduced, a bisection when the two verdicts differ, then the comparison of the
-boundary and a comment ready to paste. Each step is recorded in `triage.json` as it ends, so a second
+boundary and a comment ready to paste. When the page ran a nightly or a source build and the release
+that first shipped its code does not reproduce, the release before it runs too: the fix may have landed
+on main before that release's branch cut, leaving the bug in the release before only; when that one
+reproduces, the bisection is between the two. Each step is recorded in `triage.json` as it ends, so a second
 `lab triage` with the same source and folder goes on where the first stopped. A run step is reused only
 while its content key (lab.image.casekey) is the one the scenario gives now: after an edit of the
 scenario (its expect, script, vars...) the run and every step after it run again, and the note says why.
@@ -63,6 +66,8 @@ class TriageState:
     page_run: RunStep | None = None
     newest_run: RunStep | None = None
     bisect: BisectStep | None = None
+    earlier: str | None = None         # the release before the page's nightly or source build (lab.issue.infer)
+    earlier_run: RunStep | None = None
     compare: dict = field(default_factory=dict)
     comment: str | None = None
     format: int = STATE_FORMAT
@@ -76,8 +81,10 @@ class TriageState:
         if data.get("format") != STATE_FORMAT or data.get("source") != source:
             return cls(source=source)
         state = cls(source=source, scenario=data.get("scenario"), name=data.get("name"),
-                    upstream=data.get("upstream"), compare=data.get("compare") or {}, comment=data.get("comment"))
-        for key, kind in (("page_run", RunStep), ("newest_run", RunStep), ("bisect", BisectStep)):
+                    upstream=data.get("upstream"), compare=data.get("compare") or {}, comment=data.get("comment"),
+                    earlier=data.get("earlier") if isinstance(data.get("earlier"), str) else None)
+        for key, kind in (("page_run", RunStep), ("newest_run", RunStep), ("bisect", BisectStep),
+                          ("earlier_run", RunStep)):
             if isinstance(data.get(key), dict):
                 setattr(state, key, kind(**data[key]))
         return state
@@ -99,12 +106,14 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
                run: Run, bisect: Bisect, newest: Callable[[str], str], compare: Compare,
                note: Callable[[str, str], None] = lambda step, msg: None, deps: str | None = None) -> TriageState:
     """Every step not yet in `state`, saving it after each. `make_scenario` gives (yaml, name,
-    upstream, torch, arch) of the written scenario. `deps` (`--deps`) overrides the scenario's."""
+    upstream, torch, arch) of the written scenario, and may add the release before the page's nightly or
+    source build (lab.issue.infer's `earlier`). `deps` (`--deps`) overrides the scenario's."""
     path = folder / STATE_FILE
     if state.scenario is None or not Path(state.scenario).is_file():
-        yaml_path, name, upstream, torch, arch = make_scenario()
+        yaml_path, name, upstream, torch, arch, *more = make_scenario()
         state.scenario, state.name, state.upstream = yaml_path, name, upstream
-        state.page_run = state.newest_run = state.bisect = None
+        state.earlier = more[0] if more and more[0] != torch else None
+        state.page_run = state.newest_run = state.bisect = state.earlier_run = None
         state.save(path)
         note("from-issue", f"wrote {yaml_path} (torch {torch}, {arch})")
     else:
@@ -127,13 +136,15 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
     if state.page_run is not None and (why := key(state.page_run.torch).differs(state.page_run.key,
                                                                                  state.page_run.parts)):
         note("run", f"torch {state.page_run.torch} runs again: {why}")  # and every step after it
-        state.page_run = state.newest_run = state.bisect = None
+        state.page_run = state.newest_run = state.bisect = state.earlier_run = None
     if state.page_run is None:
         note("run", f"the page's case: torch {torch}, {arch}")
         state.page_run = keyed(run(state.scenario, torch, arch), torch)
         state.save(path)
     else:
         note("run", f"torch {torch}: {state.page_run.verdict} (from the earlier triage)")
+    if state.page_run.verdict == "not_reproduced" and state.earlier:
+        return _earlier(state, path, key, keyed, run, bisect, compare, note, arch)
     if state.page_run.verdict != "reproduced":
         return _finish(state, path, compare)
     latest = newest(arch)
@@ -160,6 +171,32 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
     return _finish(state, path, compare)
 
 
+def _earlier(state: TriageState, path: Path, key, keyed, run: Run, bisect: Bisect, compare: Compare, note,
+             arch: str) -> TriageState:
+    """The page's nightly or source build did not reproduce on the release that first shipped its code:
+    the release before it runs, and when it reproduces, the bisection is between the two (the fix landed
+    on main before the later one's branch cut). A run of another kind there (failed_differently, error)
+    bisects nothing."""
+    earlier, page = str(state.earlier), state.page_run
+    assert page is not None
+    if state.earlier_run is not None and (why := key(earlier).differs(state.earlier_run.key,
+                                                                        state.earlier_run.parts)):
+        note("run", f"torch {earlier} runs again: {why}")
+        state.earlier_run = state.bisect = None
+    if state.earlier_run is None:
+        note("run", f"not reproduced on torch {page.torch}, the first release with the page's build's code; "
+                    f"the release before it: torch {earlier}")
+        state.earlier_run = keyed(run(str(state.scenario), earlier, arch), earlier)
+        state.save(path)
+    else:
+        note("run", f"torch {earlier}: {state.earlier_run.verdict} (from the earlier triage)")
+    if state.earlier_run.verdict == "reproduced" and state.bisect is None:
+        note("bisect", f"between {earlier} and {page.torch}")
+        state.bisect = bisect(str(state.scenario), earlier, page.torch, arch)
+        state.save(path)
+    return _finish(state, path, compare)
+
+
 def _finish(state: TriageState, path: Path, compare: Compare) -> TriageState:
     state.compare = compare(state)
     state.comment = comment_text(state)
@@ -174,17 +211,31 @@ def compare_seam(runner: Callable[[str, str], dict] | None = None) -> Compare:
     no bisection folder), and the comment `lab comment` writes for the bisection folder. A `runner`
     (old run folder, new run folder) -> {"text", "comment"} stands in for it in tests of the chain."""
     def step(state: TriageState) -> dict:
-        if state.page_run is None or state.newest_run is None or state.page_run is state.newest_run \
-                or not (state.page_run.run_dir and state.newest_run.run_dir):
+        pair = _pair(state)
+        if pair is None or not (pair[0].run_dir and pair[1].run_dir):
             return {"available": None, "why": "nothing to compare: the triage has no two runs that differ"}
-        old = state.bisect.last_old if state.bisect and state.bisect.last_old else state.page_run.torch
-        new = state.bisect.first_new if state.bisect and state.bisect.first_new else state.newest_run.torch
+        older, newer = pair
+        old = state.bisect.last_old if state.bisect and state.bisect.last_old else older.torch
+        new = state.bisect.first_new if state.bisect and state.bisect.first_new else newer.torch
         if runner is not None:
-            result = runner(state.page_run.run_dir, state.newest_run.run_dir)
+            result = runner(older.run_dir, newer.run_dir)
             found = result if isinstance(result, dict) else {"text": str(result)}
             return {"available": True, "old": old, "new": new, **found}
         return {"old": old, "new": new, **_lab_compare(state)}
     return step
+
+
+def _pair(state: TriageState) -> tuple[RunStep, RunStep] | None:
+    """The two runs of the triage on two releases, older first: the release before the page's nightly
+    and the page's release, or the page's release and the newest."""
+    page = state.page_run
+    if page is None:
+        return None
+    if state.earlier_run is not None:
+        return state.earlier_run, page
+    if state.newest_run is not None and state.newest_run is not page:
+        return page, state.newest_run
+    return None
 
 
 def _lab_compare(state: TriageState) -> dict:
@@ -195,7 +246,9 @@ def _lab_compare(state: TriageState) -> dict:
             a, b = boundary_pair(folder)
             comment = render_comment(folder)
         else:
-            a, b = Path(state.page_run.run_dir), Path(state.newest_run.run_dir)
+            older, newer = _pair(state) or (None, None)
+            assert older is not None and newer is not None and older.run_dir and newer.run_dir
+            a, b = Path(older.run_dir), Path(newer.run_dir)
             comment = None
         text = "\n".join(compare_runs(a, b).summary)
     except (LabError, OSError) as e:
@@ -211,11 +264,22 @@ def summary_lines(state: TriageState) -> list[str]:
         return ["not run yet"]
     where = f"torch {page.torch} on {page.arch}"
     if page.verdict != "reproduced":
-        word = {"not_reproduced": "NOT reproduced", "error": "no verdict (error)",
-                "timeout": "no verdict (timeout)",
-                "failed_differently": "Failed differently (not the page's failure)"}.get(page.verdict, page.verdict)
-        return [f"{word} on {where}, the version the page names: {page.reason}".rstrip(": "),
-                "Nothing to bisect: the triage stops here."]
+        first = f"{_word(page.verdict)} on {where}, the version the page names: {page.reason}".rstrip(": ")
+        early = state.earlier_run
+        if early is None:
+            return [first, "Nothing to bisect: the triage stops here."]
+        if early.verdict != "reproduced":
+            return [first, f"{_word(early.verdict)} on torch {early.torch} either, the release before it (the page "
+                           f"ran a nightly or a source build): {early.reason}".rstrip(": "),
+                    "Nothing to bisect: the triage stops here."]
+        lines = [first, f"Reproduced on torch {early.torch}, the release before it: the page ran a nightly or a "
+                        f"source build, and the bug was fixed on main before torch {page.torch}'s branch cut."]
+        b = state.bisect
+        if b and b.status == "found" and b.first_new:
+            lines.append(f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old}).")
+        elif b:
+            lines.append(f"The bisection did not find the release: {b.status}. {b.summary}".strip())
+        return lines
     lines = [f"Reproduced on {where}, the version the page names."]
     new = state.newest_run
     if new is None:
@@ -244,12 +308,17 @@ def summary_lines(state: TriageState) -> list[str]:
     return lines
 
 
+def _word(verdict: str) -> str:
+    return {"not_reproduced": "NOT reproduced", "error": "no verdict (error)", "timeout": "no verdict (timeout)",
+            "failed_differently": "Failed differently (not the page's failure)"}.get(verdict, verdict)
+
+
 def comment_text(state: TriageState) -> str:
     """A comment for the upstream issue: the answer, the runs, and how to repeat them. It names no
     path of the user's (issue 33): folders under the runs folder relative to it (as `lab comment`
     does), a saved page by its file's name, the home folder as `~`."""
     text = _comment_text(state)
-    for step in (state.page_run, state.newest_run):
+    for step in (state.page_run, state.earlier_run, state.newest_run):
         if step is not None and step.run_dir:
             text = relative_paths(text, Path(step.run_dir))
     return scrub_text(text)
@@ -274,7 +343,7 @@ class TriageView:
 
 
 def _comment_text(state: TriageState) -> str:
-    runs = [state.page_run, state.newest_run if state.newest_run is not state.page_run else None]
+    runs = [state.page_run, state.earlier_run, state.newest_run if state.newest_run is not state.page_run else None]
     b, cmp = state.bisect, state.compare or {}
     available = bool(cmp.get("available"))
     return render("triage.md.j2", TriageView(

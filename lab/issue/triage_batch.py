@@ -193,7 +193,7 @@ def finished(job: TriageJob) -> tuple[TriageState | None, str]:
     try:
         scenario = load_scenario(state.scenario)
         arch = scenario.arch[0].value
-        for step in (state.page_run, state.newest_run):
+        for step in (state.page_run, state.earlier_run, state.newest_run):
             if step is None or step.key is None:
                 continue
             if why := content_key(resolve(scenario, torch=step.torch, arch=arch)).differs(step.key, step.parts):

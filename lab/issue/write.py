@@ -69,7 +69,7 @@ def write_inference(inf: Inference, out_dir: Path, name: str | None = None, forc
 def report_json(inf: Inference, name: str) -> dict:
     return {"scenario": name, "source": inf.page.source, "url": inf.page.url, "title": inf.page.title,
             "created": inf.page.created.isoformat() if inf.page.created else None,
-            "torch": inf.torch, "arch": inf.arch.value, "base": inf.base, "gpu": inf.gpu,
+            "torch": inf.torch, "earlier": inf.earlier, "arch": inf.arch.value, "base": inf.base, "gpu": inf.gpu,
             "cpu_variant": inf.cpu_variant,
             "pip": inf.pip, "env": inf.env, "expect": inf.expect,
             "script_lines": list(inf.script_lines),

@@ -182,3 +182,16 @@ def test_dynamo_unsupported_is_cut_to_its_type_where_the_lab_runs_another_torch(
     assert same.expect["traceback_contains"].startswith("Unsupported: call_function BuiltinVariable(or_)")
     # Other exceptions keep their message whatever the version.
     assert _inf("118087").expect == {"traceback_contains": "ValueError: diff value"}
+
+
+def test_a_nightly_or_source_build_names_the_release_before_its_code():
+    # issue 28: a page that ran main's code (a nightly, a source build) may hold a bug that was fixed before
+    # the release that first shipped that code; lab triage then runs the release before it
+    assert _inf("118087").torch == "2.3.0" and _inf("118087").earlier == "2.2.2"     # 2.3.0.dev20240110+cu118
+    assert _inf("102258").torch == "2.1.0" and _inf("102258").earlier == "2.0.1"     # 2.1.0a0+gita8ea417
+    # 2.1.0.dev20230307 compiling: 2.0.1's torch.compile refuses the scenario's Python 3.11, so no run there
+    assert _inf("96459").torch == "2.1.0" and _inf("96459").earlier is None
+    assert _inf("146538").earlier is None                # no version: the release of the issue's date
+    assert _inf("147282").earlier is None                # a release the page names
+    # a 2.0 nightly whose script uses torch.compile: 1.13.1 has none, so there is no release before to run
+    assert _inf("93374").torch == "2.0.0" and _inf("93374").earlier is None

@@ -180,3 +180,74 @@ def test_the_written_scenario_resolves_in_the_release_s_era_without_a_numpy_pin(
     scenario = load_scenario(yaml_path)
     assert scenario.deps == "era"
     assert "numpy<2" not in scenario.pip
+
+
+def _make_nightly(tmp_path: Path):
+    """118087 (tuning set) ran 2.3.0.dev20240110+cu118, a nightly: its code first shipped in 2.3.0, and the
+    release before it is 2.2.2."""
+    from lab.issue.fetch import fetch_issue
+    from lab.issue.infer import infer
+    from lab.issue.write import write_inference
+
+    def make():
+        inf = infer(fetch_issue(str(CORPUS / "118087.md")))
+        w = write_inference(inf, tmp_path / "sc", force=True)
+        return str(w.yaml), w.scenario.name, inf.page.url, inf.torch, inf.arch.value, inf.earlier
+    return make
+
+
+def test_a_nightlys_bug_fixed_before_its_release_is_found_in_the_release_before(tmp_path):
+    # the page's nightly had the bug, the release that first shipped its code does not: the fix landed on
+    # main before the branch cut, so the release before may be the one that shipped the bug
+    calls = []
+
+    def run(yaml, torch, arch):
+        calls.append(("run", torch))
+        return RunStep(torch, arch, "reproduced" if torch == "2.2.2" else "not_reproduced", run_dir=f"/r/{torch}")
+
+    def bisect(yaml, old, new, arch):
+        calls.append(("bisect", old, new))
+        return BisectStep("found", last_old="2.2.2", first_new="2.3.0", summary="")
+
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make_nightly(tmp_path), run=run,
+                       bisect=bisect, newest=lambda arch: 1 / 0, compare=compare_seam())
+    assert state.earlier == "2.2.2"
+    assert calls == [("run", "2.3.0"), ("run", "2.2.2"), ("bisect", "2.2.2", "2.3.0")]
+    words = summary_lines(state)
+    assert words[0].startswith("NOT reproduced on torch 2.3.0")
+    assert words[1].startswith("Reproduced on torch 2.2.2, the release before it") and "branch cut" in words[1]
+    assert words[2] == "Fixed in torch 2.3.0 (last release with the bug: 2.2.2)."
+    comment = (tmp_path / "t" / "comment.md").read_text()
+    assert "2.2.2" in comment and "Fixed in torch 2.3.0" in comment
+    # resumed: nothing runs again, the answer is the same
+    again = run_triage(TriageState.load(tmp_path / "t" / "triage.json", "p"), tmp_path / "t",
+                       make_scenario=_make_nightly(tmp_path), run=lambda *a: 1 / 0, bisect=lambda *a: 1 / 0,
+                       newest=lambda arch: 1 / 0, compare=compare_seam())
+    assert again.earlier_run.verdict == "reproduced" and summary_lines(again) == words
+    # the comparison is of the two runs that differ: the release before, then the page's release
+    pairs = []
+    run_triage(TriageState(source="q"), tmp_path / "c", make_scenario=_make_nightly(tmp_path / "c"), run=run,
+               bisect=lambda *a: BisectStep("found", last_old="2.2.2", first_new="2.3.0"),
+               newest=lambda arch: 1 / 0, compare=compare_seam(runner=lambda a, b: pairs.append((a, b)) or {}))
+    assert pairs == [("/r/2.2.2", "/r/2.3.0")]
+
+
+def test_the_release_before_a_nightly_that_does_not_reproduce_either_bisects_nothing(tmp_path):
+    for other in ("not_reproduced", "failed_differently", "error"):
+        folder = tmp_path / other
+        state = run_triage(TriageState(source="p"), folder, make_scenario=_make_nightly(folder),
+                           run=lambda y, t, a, other=other: RunStep(t, a, "not_reproduced" if t == "2.3.0" else other,
+                                                                   reason="why"),
+                           bisect=lambda *a: 1 / 0, newest=lambda arch: 1 / 0, compare=compare_seam())
+        assert state.earlier_run.torch == "2.2.2" and state.bisect is None
+        words = summary_lines(state)
+        assert "either, the release before it" in words[1] and words[-1].startswith("Nothing to bisect")
+
+
+def test_a_released_version_that_does_not_reproduce_runs_nothing_before_it(tmp_path):
+    # 147282 names a release (2.5.1): the release before it is not a candidate, the triage stops
+    torches = []
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path),
+                       run=lambda y, t, a: torches.append(t) or RunStep(t, a, "not_reproduced"),
+                       bisect=lambda *a: 1 / 0, newest=lambda arch: 1 / 0, compare=compare_seam())
+    assert torches == ["2.5.1"] and state.earlier is None and state.earlier_run is None
