@@ -93,6 +93,7 @@ class EnvironmentView:
     docker: str
     env: tuple[str, ...]      # NAME=value, secrets masked
     facts: tuple[str, ...]    # "key: value" of collect_env
+    local: str | None = None  # a run of the local engine: the host it ran on, in words (no base, no Docker)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class CommandsView:
     platform: str
     base: str
     run_env: str
+    local: bool = False       # the run was on the local engine: the Docker commands are another environment
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,16 @@ def _environment(r: RunResult, folder: Path, scenario: dict) -> EnvironmentView:
         how=f"emulated with QEMU on {r.engine.host_arch}" if r.emulated else "native",
         base=str(scenario.get("base", "?")), docker=r.engine.version,
         env=tuple(f"{k}={v}" for k, v in sorted(_scenario_env(r, scenario).items())),
-        facts=tuple(f"{k}: {v}" for k, v in _collect_env(folder)))
+        facts=tuple(f"{k}: {v}" for k, v in _collect_env(folder)), local=_local_words(r))
+
+
+def _local_words(r: RunResult) -> str | None:
+    """Where a run of the local engine ran: this host, not the scenario's base, and not in Docker."""
+    if r.engine.kind != "local" or r.local is None:
+        return None
+    python = f"Python {r.local.python}" + (" in a venv made by the lab" if r.local.python_env == "venv" else "")
+    return (f"the local engine: the host the lab ran on ({r.local.os}, {r.local.libc}), no container, "
+            f"{r.engine.version}; {python}")
 
 
 _FACTS = ("PyTorch version", "OS", "GCC version", "Python version", "Is CUDA available", "CPU architecture")
@@ -283,6 +294,9 @@ def _scenario_env(r: RunResult, scenario: dict) -> dict[str, str]:
 def _commands(r: RunResult, folder: Path, scenario: dict) -> CommandsView:
     resolved = scenario.get("resolved") or {}
     lab = ["lab", "run", scenario_name(scenario, r.scenario), "--torch", r.torch, "--arch", r.arch]
+    local = r.engine.kind == "local"
+    if local:
+        lab += ["--engine", "local"]
     if r.backend:
         lab += ["--backend", r.backend]
     for key, value in sorted((resolved.get("vars") or {}).items()):
@@ -293,7 +307,7 @@ def _commands(r: RunResult, folder: Path, scenario: dict) -> CommandsView:
     if r.backend:
         env["LAB_BACKEND"] = r.backend
     run_env = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in sorted(env.items()))
-    return CommandsView(shlex.join(lab), platform, base, run_env)
+    return CommandsView(shlex.join(lab), platform, base, run_env, local)
 
 
 def _localization(result: BisectResult, folder: Path) -> tuple[Block, ...]:

@@ -70,6 +70,8 @@ def test_localize_md(name, folder):
     ("comment-run-relu-inject.md", COMPARE / "relu-inject-2.13.0"),
     ("comment-localize-relu-inject.md", COMPARE / "localize-relu-inject"),
     ("comment-run-failed-differently.md", COMPARE / "bisect-vmap-newapi" / "torch2.2.2"),
+    # a run of the local engine (the CUDA seed on the H200): the host it ran on, never a base or Docker
+    ("comment-run-local-gpu.md", DATA / "local-gpu"),
 ])
 def test_comment(name, folder):
     _check(name, render_comment(folder))
