@@ -319,7 +319,16 @@ def compare_libraries(a_dir: Path, b_dir: Path) -> Libraries:
         removed=tuple(a[n] for n in sorted(set(a) - set(b))),
         changed=tuple(LibraryChange(name=n, a=a[n], b=b[n]) for n in sorted(set(a) & set(b))
                       if n != "inductor kernel"  # its file is named by a hash of the code: always new
-                      and (a[n].path, a[n].version) != (b[n].path, b[n].version)))
+                      and (_where(a[n].path), a[n].version) != (_where(b[n].path), b[n].version)))
+
+
+def _where(path: str) -> str:
+    """A library's place, as two runs are compared: under a site-packages folder, from there on. Each
+    release on the local engine has a venv of its own (~/.cache/torch-repro-lab/venv/<key>/), so its
+    folder is not a change; a library that moves into or out of site-packages, or to another file, is."""
+    real = os.path.normpath(path)
+    at = real.find("/site-packages/")
+    return real[at:] if at >= 0 else real
 
 
 # --- pip packages -----------------------------------------------------------------------------------

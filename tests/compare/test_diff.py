@@ -99,3 +99,24 @@ def test_a_run_against_itself_is_the_same():
     assert c.verdict is None and c.same_signature
     assert not (c.libraries.added or c.libraries.removed or c.libraries.changed)
     assert c.environment == () and c.dockerfile == ()
+
+
+def test_a_venv_of_its_own_per_release_is_not_a_change_of_every_library(tmp_path):
+    # the local engine gives each release its own venv: the same wheel's libraries under another folder
+    import shutil
+
+    from lab.compare.diff import compare_libraries
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(RELU, a)
+    shutil.copytree(RELU, b)
+    for log in (b / "out" / "ld").iterdir():
+        log.write_text(log.read_text().replace("/opt/venv/", "/root/.cache/torch-repro-lab/venv/c5b584b0/"))
+    libs = compare_libraries(a, b)
+    assert libs.available and not libs.changed and not libs.added and not libs.removed
+    # a library that leaves site-packages for the system's copy is still a change
+    for log in (b / "out" / "ld").iterdir():
+        log.write_text(log.read_text().replace(
+            "/root/.cache/torch-repro-lab/venv/c5b584b0/lib/python3.11/site-packages/torch/lib/libtorch_global_deps.so",
+            "/usr/lib/x86_64-linux-gnu/libtorch_global_deps.so"))
+    changed = {c.name for c in compare_libraries(a, b).changed}
+    assert changed == {"libtorch_global_deps"}
