@@ -121,6 +121,10 @@ class IssueSummary(BaseModel):
     page_verdict: str | None = Field(None, description="the verdict on the release the page names")
     newest_torch: str | None = None
     newest_verdict: str | None = Field(None, description="the verdict on the newest release")
+    earlier_torch: str | None = None
+    earlier_verdict: str | None = Field(None, description="the verdict on the release before the page's nightly "
+                                                          "or source build, when the page's release did not "
+                                                          "reproduce")
     boundary: str | None = Field(None, description="`last_old -> first_new`, when a bisection found it")
     bisect_status: str | None = None
     blame: list[str] = Field(default_factory=list, description="what flips the verdict at the boundary")
@@ -210,13 +214,15 @@ def summarize(job: TriageJob, state: TriageState, status: str, code: int, error:
     blame = [f"{b.get('package')} {b.get('old')} -> {b.get('new')}" for b in (bis.blame if bis else [])]
     if bis and bis.blame_fix == "torch alone":
         blame = ["torch alone"]
-    verdicts = {s.verdict for s in (page, new) if s is not None}
+    early = state.earlier_run
+    verdicts = {s.verdict for s in (page, new, early) if s is not None}
     comment = job.folder / "comment.md"
     return IssueSummary(
         source=job.source, folder=str(job.folder), status=status, exit_code=code, error=error or None,
         scenario=state.name, upstream=state.upstream, engine=engine,
         page_torch=page.torch if page else None, page_verdict=page.verdict if page else None,
         newest_torch=new.torch if new else None, newest_verdict=new.verdict if new else None,
+        earlier_torch=early.torch if early else None, earlier_verdict=early.verdict if early else None,
         boundary=boundary, bisect_status=bis.status if bis else None, blame=blame,
         failed_differently="failed_differently" in verdicts, no_oracle=_no_oracle(state),
         answer=summary_lines(state) if page else [], comment=str(comment) if comment.is_file() else None)
@@ -283,6 +289,8 @@ def summary_markdown(summary: BatchSummary) -> str:
             notes.append("failed differently")
         if r.no_oracle:
             notes.append("no oracle (the page showed no failure)")
+        if r.earlier_verdict:
+            notes.append(f"the release before the page's build: {r.earlier_verdict} ({r.earlier_torch})")
         if r.error:
             notes.append(r.error[:200])
         page = f"{r.page_verdict} ({r.page_torch})" if r.page_verdict else ""
