@@ -59,8 +59,8 @@ class Inference:
     python: str | None = None
     base: str = CPU_BASE
     # The release before `torch` when the page ran a nightly or a source build: that code was main's between
-    # `earlier` and `torch`, so a fix that landed before `torch`'s branch cut leaves the bug in `earlier`
-    # only (lab triage runs it when `torch` does not reproduce). None for a released version.
+    # `earlier` and `torch`, so a fix that landed after the page's build and before `torch` leaves the bug in
+    # `earlier` only (lab triage runs it when `torch` does not reproduce). None for a released version.
     earlier: str | None = None
 
     def fact(self, name: str) -> Fact | None:

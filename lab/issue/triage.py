@@ -2,7 +2,7 @@
 for that arch when it reproduced, a bisection when the two verdicts differ, then the comparison of the
 boundary and a comment ready to paste. When the page ran a nightly or a source build and the release
 that first shipped its code does not reproduce, the release before it runs too: the fix may have landed
-on main before that release's branch cut, leaving the bug in the release before only; when that one
+after the page's build and before that release, leaving the bug in the release before only; when that one
 reproduces, the bisection is between the two. Each step is recorded in `triage.json` as it ends, so a second
 `lab triage` with the same source and folder goes on where the first stopped. A run step is reused only
 while its content key (lab.image.casekey) is the one the scenario gives now: after an edit of the
@@ -175,8 +175,7 @@ def _earlier(state: TriageState, path: Path, key, keyed, run: Run, bisect: Bisec
              arch: str) -> TriageState:
     """The page's nightly or source build did not reproduce on the release that first shipped its code:
     the release before it runs, and when it reproduces, the bisection is between the two (the fix landed
-    on main before the later one's branch cut). A run of another kind there (failed_differently, error)
-    bisects nothing."""
+    before the later one). A run of another kind there (failed_differently, error) bisects nothing."""
     earlier, page = str(state.earlier), state.page_run
     assert page is not None
     if state.earlier_run is not None and (why := key(earlier).differs(state.earlier_run.key,
@@ -269,11 +268,13 @@ def summary_lines(state: TriageState) -> list[str]:
         if early is None:
             return [first, "Nothing to bisect: the triage stops here."]
         if early.verdict != "reproduced":
-            return [first, f"{_word(early.verdict)} on torch {early.torch} either, the release before it (the page "
-                           f"ran a nightly or a source build): {early.reason}".rstrip(": "),
+            either = " either" if early.verdict == "not_reproduced" else ""
+            return [first, f"{_word(early.verdict)} on torch {early.torch}{either}, the release before it (the "
+                           f"page ran a nightly or a source build): {early.reason}".rstrip(": "),
                     "Nothing to bisect: the triage stops here."]
         lines = [first, f"Reproduced on torch {early.torch}, the release before it: the page ran a nightly or a "
-                        f"source build, and the bug was fixed on main before torch {page.torch}'s branch cut."]
+                        f"source build, so the bug shipped in torch {early.torch} and was fixed before torch "
+                        f"{page.torch}."]
         b = state.bisect
         if b and b.status == "found" and b.first_new:
             lines.append(f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old}).")

@@ -215,7 +215,8 @@ def test_a_nightlys_bug_fixed_before_its_release_is_found_in_the_release_before(
     assert calls == [("run", "2.3.0"), ("run", "2.2.2"), ("bisect", "2.2.2", "2.3.0")]
     words = summary_lines(state)
     assert words[0].startswith("NOT reproduced on torch 2.3.0")
-    assert words[1].startswith("Reproduced on torch 2.2.2, the release before it") and "branch cut" in words[1]
+    assert words[1].startswith("Reproduced on torch 2.2.2, the release before it")
+    assert words[1].endswith("so the bug shipped in torch 2.2.2 and was fixed before torch 2.3.0.")
     assert words[2] == "Fixed in torch 2.3.0 (last release with the bug: 2.2.2)."
     comment = (tmp_path / "t" / "comment.md").read_text()
     assert "2.2.2" in comment and "Fixed in torch 2.3.0" in comment
@@ -241,7 +242,8 @@ def test_the_release_before_a_nightly_that_does_not_reproduce_either_bisects_not
                            bisect=lambda *a: 1 / 0, newest=lambda arch: 1 / 0, compare=compare_seam())
         assert state.earlier_run.torch == "2.2.2" and state.bisect is None
         words = summary_lines(state)
-        assert "either, the release before it" in words[1] and words[-1].startswith("Nothing to bisect")
+        assert f"on torch 2.2.2{' either' if other == 'not_reproduced' else ''}, the release before it" in words[1]
+        assert words[-1].startswith("Nothing to bisect")
 
 
 def test_a_released_version_that_does_not_reproduce_runs_nothing_before_it(tmp_path):
