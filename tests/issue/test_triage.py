@@ -10,29 +10,39 @@ from lab.issue.triage import BisectStep, RunStep, TriageState, compare_seam, run
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "issues"
 
 
-def _make(tmp_path: Path):
+def _make(tmp_path: Path, page: str = "147282", earlier: bool = False):
+    """The scenario of a tuning page, as `lab triage` writes it; with `earlier`, the release before the
+    page's nightly or source build too (as the CLI gives it)."""
     from lab.issue.fetch import fetch_issue
     from lab.issue.infer import infer
     from lab.issue.write import write_inference
 
     def make():
-        inf = infer(fetch_issue(str(CORPUS / "147282.md")))
+        inf = infer(fetch_issue(str(CORPUS / f"{page}.md")))
         w = write_inference(inf, tmp_path / "sc", force=True)
-        return str(w.yaml), w.scenario.name, inf.page.url, inf.torch, inf.arch.value
+        made = (str(w.yaml), w.scenario.name, inf.page.url, inf.torch, inf.arch.value)
+        return (*made, inf.earlier) if earlier else made
     return make
 
 
-def test_reproduced_then_fixed_then_bisected(tmp_path):
+def _fakes(reproduced_on: str, last_old: str, first_new: str):
+    """A run that reproduces on one release only, a bisection that finds (last_old, first_new), and the
+    calls they got."""
     calls = []
 
     def run(yaml, torch, arch):
         calls.append(("run", torch))
-        return RunStep(torch, arch, "reproduced" if torch == "2.5.1" else "not_reproduced", run_dir=f"/r/{torch}")
+        return RunStep(torch, arch, "reproduced" if torch == reproduced_on else "not_reproduced",
+                       run_dir=f"/r/{torch}")
 
     def bisect(yaml, old, new, arch):
         calls.append(("bisect", old, new))
-        return BisectStep("found", last_old="2.6.0", first_new="2.7.0", summary="")
+        return BisectStep("found", last_old=last_old, first_new=first_new, summary="")
+    return calls, run, bisect
 
+
+def test_reproduced_then_fixed_then_bisected(tmp_path):
+    calls, run, bisect = _fakes("2.5.1", "2.6.0", "2.7.0")
     state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make(tmp_path), run=run,
                        bisect=bisect, newest=lambda arch: "2.15.0", compare=compare_seam())
     assert calls == [("run", "2.5.1"), ("run", "2.15.0"), ("bisect", "2.5.1", "2.15.0")]
@@ -183,32 +193,15 @@ def test_the_written_scenario_resolves_in_the_release_s_era_without_a_numpy_pin(
 
 
 def _make_nightly(tmp_path: Path):
-    """118087 (tuning set) ran 2.3.0.dev20240110+cu118, a nightly: its code first shipped in 2.3.0, and the
-    release before it is 2.2.2."""
-    from lab.issue.fetch import fetch_issue
-    from lab.issue.infer import infer
-    from lab.issue.write import write_inference
-
-    def make():
-        inf = infer(fetch_issue(str(CORPUS / "118087.md")))
-        w = write_inference(inf, tmp_path / "sc", force=True)
-        return str(w.yaml), w.scenario.name, inf.page.url, inf.torch, inf.arch.value, inf.earlier
-    return make
+    # 118087 (tuning set) ran 2.3.0.dev20240110+cu118, a nightly: its code first shipped in 2.3.0, and the
+    # release before it is 2.2.2
+    return _make(tmp_path, "118087", earlier=True)
 
 
 def test_a_nightlys_bug_fixed_before_its_release_is_found_in_the_release_before(tmp_path):
-    # the page's nightly had the bug, the release that first shipped its code does not: the fix landed on
-    # main before the branch cut, so the release before may be the one that shipped the bug
-    calls = []
-
-    def run(yaml, torch, arch):
-        calls.append(("run", torch))
-        return RunStep(torch, arch, "reproduced" if torch == "2.2.2" else "not_reproduced", run_dir=f"/r/{torch}")
-
-    def bisect(yaml, old, new, arch):
-        calls.append(("bisect", old, new))
-        return BisectStep("found", last_old="2.2.2", first_new="2.3.0", summary="")
-
+    # the page's nightly had the bug, the release that first shipped its code does not: the fix landed
+    # after the nightly and before that release, so the release before may be the one that shipped the bug
+    calls, run, bisect = _fakes("2.2.2", "2.2.2", "2.3.0")
     state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make_nightly(tmp_path), run=run,
                        bisect=bisect, newest=lambda arch: 1 / 0, compare=compare_seam())
     assert state.earlier == "2.2.2"
