@@ -133,8 +133,11 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
             step.key, step.parts = wanted.digest, dict(wanted.parts)
         return step
 
-    if state.page_run is not None and (why := key(state.page_run.torch).differs(state.page_run.key,
-                                                                                 state.page_run.parts)):
+    def stale(step: RunStep | None, version: str) -> str | None:
+        """Why a recorded run no longer holds (the content key of its case changed), or None."""
+        return key(version).differs(step.key, step.parts) if step is not None else None
+
+    if state.page_run is not None and (why := stale(state.page_run, state.page_run.torch)):
         note("run", f"torch {state.page_run.torch} runs again: {why}")  # and every step after it
         state.page_run = state.newest_run = state.bisect = state.earlier_run = None
     if state.page_run is None:
@@ -144,12 +147,29 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
     else:
         note("run", f"torch {torch}: {state.page_run.verdict} (from the earlier triage)")
     if state.page_run.verdict == "not_reproduced" and state.earlier:
-        return _earlier(state, path, key, keyed, run, bisect, compare, note, arch)
+        # The page ran a nightly or a source build, and the release that first shipped its code does not
+        # reproduce: the release before it runs, and when it reproduces, the bisection is between the two
+        # (the fix landed before the later one). A run of another kind there bisects nothing.
+        earlier = state.earlier
+        if why := stale(state.earlier_run, earlier):
+            note("run", f"torch {earlier} runs again: {why}")
+            state.earlier_run = state.bisect = None
+        if state.earlier_run is None:
+            note("run", f"not reproduced on torch {torch}, the first release with the page's build's code; "
+                        f"the release before it: torch {earlier}")
+            state.earlier_run = keyed(run(state.scenario, earlier, arch), earlier)
+            state.save(path)
+        else:
+            note("run", f"torch {earlier}: {state.earlier_run.verdict} (from the earlier triage)")
+        if state.earlier_run.verdict == "reproduced" and state.bisect is None:
+            note("bisect", f"between {earlier} and {torch}")
+            state.bisect = bisect(state.scenario, earlier, torch, arch)
+            state.save(path)
+        return _finish(state, path, compare)
     if state.page_run.verdict != "reproduced":
         return _finish(state, path, compare)
     latest = newest(arch)
-    if state.newest_run is not None and state.newest_run.torch == latest and \
-            (why := key(latest).differs(state.newest_run.key, state.newest_run.parts)):
+    if state.newest_run is not None and state.newest_run.torch == latest and (why := stale(state.newest_run, latest)):
         note("run", f"torch {latest} runs again: {why}")
         state.newest_run = state.bisect = None
     if state.newest_run is None or state.newest_run.torch != latest:
@@ -167,31 +187,6 @@ def run_triage(state: TriageState, folder: Path, *, make_scenario: Callable[[], 
     if state.bisect is None:
         note("bisect", f"between {state.page_run.torch} and {state.newest_run.torch}")
         state.bisect = bisect(state.scenario, state.page_run.torch, state.newest_run.torch, arch)
-        state.save(path)
-    return _finish(state, path, compare)
-
-
-def _earlier(state: TriageState, path: Path, key, keyed, run: Run, bisect: Bisect, compare: Compare, note,
-             arch: str) -> TriageState:
-    """The page's nightly or source build did not reproduce on the release that first shipped its code:
-    the release before it runs, and when it reproduces, the bisection is between the two (the fix landed
-    before the later one). A run of another kind there (failed_differently, error) bisects nothing."""
-    earlier, page = str(state.earlier), state.page_run
-    assert page is not None
-    if state.earlier_run is not None and (why := key(earlier).differs(state.earlier_run.key,
-                                                                        state.earlier_run.parts)):
-        note("run", f"torch {earlier} runs again: {why}")
-        state.earlier_run = state.bisect = None
-    if state.earlier_run is None:
-        note("run", f"not reproduced on torch {page.torch}, the first release with the page's build's code; "
-                    f"the release before it: torch {earlier}")
-        state.earlier_run = keyed(run(str(state.scenario), earlier, arch), earlier)
-        state.save(path)
-    else:
-        note("run", f"torch {earlier}: {state.earlier_run.verdict} (from the earlier triage)")
-    if state.earlier_run.verdict == "reproduced" and state.bisect is None:
-        note("bisect", f"between {earlier} and {page.torch}")
-        state.bisect = bisect(str(state.scenario), earlier, page.torch, arch)
         state.save(path)
     return _finish(state, path, compare)
 
@@ -220,7 +215,7 @@ def compare_seam(runner: Callable[[str, str], dict] | None = None) -> Compare:
             result = runner(older.run_dir, newer.run_dir)
             found = result if isinstance(result, dict) else {"text": str(result)}
             return {"available": True, "old": old, "new": new, **found}
-        return {"old": old, "new": new, **_lab_compare(state)}
+        return {"old": old, "new": new, **_lab_compare(state, Path(older.run_dir), Path(newer.run_dir))}
     return step
 
 
@@ -237,18 +232,15 @@ def _pair(state: TriageState) -> tuple[RunStep, RunStep] | None:
     return None
 
 
-def _lab_compare(state: TriageState) -> dict:
-
+def _lab_compare(state: TriageState, older: Path, newer: Path) -> dict:
+    """The bisection's boundary pair compared, with `lab comment`'s comment; else the two runs given."""
     folder = Path(state.bisect.folder) if state.bisect and state.bisect.folder else None
     try:
         if folder is not None and (folder / "bisect.json").is_file():
             a, b = boundary_pair(folder)
             comment = render_comment(folder)
         else:
-            older, newer = _pair(state) or (None, None)
-            assert older is not None and newer is not None and older.run_dir and newer.run_dir
-            a, b = Path(older.run_dir), Path(newer.run_dir)
-            comment = None
+            a, b, comment = older, newer, None
         text = "\n".join(compare_runs(a, b).summary)
     except (LabError, OSError) as e:
         return {"available": False, "why": f"the comparison could not be made: {e}"}
