@@ -157,7 +157,8 @@ def triage(
             return BisectStep(status=res.status, last_old=res.last_old, first_new=res.first_new,
                               folder=str(run.folder), summary=res.summary,
                               blame=[b.model_dump() for b in getattr(res, "blame", ())],
-                              blame_fix=getattr(res, "blame_fix", None))
+                              blame_fix=getattr(res, "blame_fix", None),
+                              blame_summary=getattr(res, "blame_summary", None) or "")
 
         def newest(arch: str) -> str:
             return candidates("torch", host=host, python="3.11", arch=arch)[-1]

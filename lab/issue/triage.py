@@ -55,6 +55,7 @@ class BisectStep:
     summary: str = ""
     blame: list = field(default_factory=list)   # [{package, old, new}] (lab.drivers.blame); torch alone: torch
     blame_fix: str | None = None
+    blame_summary: str = ""             # the blame step's answer, or why there is none ("not known: ...")
 
 
 @dataclass
@@ -267,12 +268,7 @@ def summary_lines(state: TriageState) -> list[str]:
         lines = [first, f"Reproduced on torch {early.torch}, the release before it: the page ran a nightly or a "
                         f"source build, so the bug shipped in torch {early.torch} and was fixed before torch "
                         f"{page.torch}."]
-        b = state.bisect
-        if b and b.status == "found" and b.first_new:
-            lines.append(f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old}).")
-        elif b:
-            lines.append(f"The bisection did not find the release: {b.status}. {b.summary}".strip())
-        return lines
+        return lines + _bisect_lines(state.bisect)
     lines = [f"Reproduced on {where}, the version the page names."]
     new = state.newest_run
     if new is None:
@@ -284,20 +280,28 @@ def summary_lines(state: TriageState) -> list[str]:
         lines.append(f"Still reproduced on torch {new.torch}, the newest release for {new.arch}: NOT fixed.")
     elif new.verdict == "not_reproduced":
         lines.append(f"Not reproduced on torch {new.torch}, the newest release for {new.arch}: fixed.")
-        b = state.bisect
-        if b and b.status == "found" and b.first_new:
-            lines.append(f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old}).")
-            if b.blame_fix:
-                lines.append("What flips it: " + ("torch alone." if b.blame_fix == "torch alone" else
-                             ", ".join(f"{x['package']} {x['old']} → {x['new']}" for x in b.blame)
-                             + f", not torch ({b.blame_fix})."))
-        elif b:
-            lines.append(f"The bisection did not find the release: {b.status}. {b.summary}".strip())
+        lines += _bisect_lines(state.bisect)
     elif new.verdict == "failed_differently":
         lines.append(f"Failed differently on torch {new.torch}, the newest release for {new.arch} ({new.reason}): "
                      "not the page's failure and not a fix, so fixed or not is unknown and nothing is bisected.")
     else:
         lines.append(f"No verdict on torch {new.torch} ({new.verdict}: {new.reason}), so fixed or not is unknown.")
+    return lines
+
+
+def _bisect_lines(b: BisectStep | None) -> list[str]:
+    """The bisection's boundary and what flips it, or why it found none."""
+    if b is None:
+        return []
+    if b.status != "found" or not b.first_new:
+        return [f"The bisection did not find the release: {b.status}. {b.summary}".strip()]
+    lines = [f"Fixed in torch {b.first_new} (last release with the bug: {b.last_old})."]
+    if b.blame_fix:
+        lines.append("What flips it: " + ("torch alone." if b.blame_fix == "torch alone" else
+                     ", ".join(f"{x['package']} {x['old']} → {x['new']}" for x in b.blame)
+                     + f", not torch ({b.blame_fix})."))
+    elif b.blame_summary.startswith("not known"):
+        lines.append(f"What flips it, torch or its dependencies: {b.blame_summary}.")
     return lines
 
 

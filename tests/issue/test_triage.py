@@ -210,7 +210,7 @@ def test_a_nightlys_bug_fixed_before_its_release_is_found_in_the_release_before(
     assert words[0].startswith("NOT reproduced on torch 2.3.0")
     assert words[1].startswith("Reproduced on torch 2.2.2, the release before it")
     assert words[1].endswith("so the bug shipped in torch 2.2.2 and was fixed before torch 2.3.0.")
-    assert words[2] == "Fixed in torch 2.3.0 (last release with the bug: 2.2.2)."
+    assert words[2] == "Fixed in torch 2.3.0 (last release with the bug: 2.2.2)." and len(words) == 3
     comment = (tmp_path / "t" / "comment.md").read_text()
     assert "2.2.2" in comment and "Fixed in torch 2.3.0" in comment
     # resumed: nothing runs again, the answer is the same
@@ -224,6 +224,22 @@ def test_a_nightlys_bug_fixed_before_its_release_is_found_in_the_release_before(
                bisect=lambda *a: BisectStep("found", last_old="2.2.2", first_new="2.3.0"),
                newest=lambda arch: 1 / 0, compare=compare_seam(runner=lambda a, b: pairs.append((a, b)) or {}))
     assert pairs == [("/r/2.2.2", "/r/2.3.0")]
+
+
+def test_a_blame_that_is_not_known_is_said_in_the_answer(tmp_path):
+    # the two sides ran with other dependencies and no rebuild gave a verdict: "Fixed in torch X" alone
+    # would read as torch's fix
+    not_known = ("not known: the two sides ran with different dependencies and no rebuild with the other "
+                 "side's set gave a verdict (torch 2.2.2 with 2.3.0's dependencies: error)")
+    calls, run, _ = _fakes("2.2.2", "2.2.2", "2.3.0")
+    state = run_triage(TriageState(source="p"), tmp_path / "t", make_scenario=_make_nightly(tmp_path), run=run,
+                       bisect=lambda *a: BisectStep("found", last_old="2.2.2", first_new="2.3.0",
+                                                    blame_summary=not_known),
+                       newest=lambda arch: 1 / 0, compare=compare_seam())
+    assert summary_lines(state)[2:] == ["Fixed in torch 2.3.0 (last release with the bug: 2.2.2).",
+                                        f"What flips it, torch or its dependencies: {not_known}."]
+    again = TriageState.load(tmp_path / "t" / "triage.json", "p")
+    assert again.bisect.blame_summary == not_known
 
 
 def test_the_release_before_a_nightly_that_does_not_reproduce_either_bisects_nothing(tmp_path):
